@@ -1,0 +1,203 @@
+"""RAM / RAM+ arithmetic on plain tensors (Eqs. 1, 2, 6, 7 of arXiv 2601.13572).
+
+Knows nothing of mergekit. Both passes stream over the agents one flat chunk at a
+time, so scratch memory is a few chunk-sized buffers whatever the tensor size:
+no N x P stacks, no full-size masks. Deltas are formed in float32 (float64 for
+float64 inputs); the result is rounded once, to the requested dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+CHUNK_CPU = 1 << 18
+CHUNK_ACCELERATOR = 1 << 24
+
+
+class NonFiniteInputError(ValueError):
+    """An input tensor holds NaN or Inf; merging it would spread NaN silently."""
+
+
+def active(delta: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """Eq. 1: an entry is active when |tau| > epsilon (strict, absolute)."""
+    return delta.abs() > epsilon
+
+
+def rho(shared: int, unique: int) -> float:
+    """Eq. 2: shared / unique entries of one agent; +inf when it has no unique entry."""
+    return shared / unique if unique else math.inf
+
+
+def lambda_clip(rho_t: float, r: float, alpha: float) -> float:
+    """Eq. 6: lambda = 1 + r * clip(rho, 0, alpha). r = 0 is plain RAM."""
+    return 1.0 + r * min(max(rho_t, 0.0), alpha)
+
+
+def count(
+    base: torch.Tensor,
+    agents: Sequence[torch.Tensor],
+    epsilon: float,
+    *,
+    names: Optional[Sequence[str]] = None,
+    tensor_name: Optional[str] = None,
+    chunk: Optional[int] = None,
+) -> torch.Tensor:
+    """Per agent, how many entries are active and how many of those are unique.
+
+    Returns an int64 tensor of shape [N, 2] (active, unique) on the inputs' device;
+    shared = active - unique. Uses the same mask function as `merge`.
+    """
+    _check_shapes(base, agents, names, tensor_name)
+    n = len(agents)
+    totals = torch.zeros(n, 2, dtype=torch.int64, device=base.device)
+    if n == 0 or base.numel() == 0:
+        return totals
+    cdtype = _compute_dtype(base, agents)
+    flat_base, flat_agents = base.reshape(-1), [a.reshape(-1) for a in agents]
+    step = _chunk(base, chunk)
+    size = min(step, base.numel())
+    b = torch.empty(size, dtype=cdtype, device=base.device)
+    d = torch.empty_like(b)
+    masks = torch.empty(n, size, dtype=torch.bool, device=base.device)
+    hits = torch.empty(size, dtype=torch.uint8, device=base.device)
+    peaks = torch.zeros(n, dtype=cdtype, device=base.device)
+    for start in range(0, base.numel(), step):
+        stop = min(start + step, base.numel())
+        k = stop - start
+        bk, dk, mk, hk = b[:k], d[:k], masks[:, :k], hits[:k]
+        bk.copy_(flat_base[start:stop])
+        hk.zero_()
+        for t, agent in enumerate(flat_agents):
+            torch.sub(agent[start:stop], bk, out=dk)
+            dk.abs_()
+            peaks[t] = torch.maximum(peaks[t], dk.max())
+            torch.gt(dk, epsilon, out=mk[t])
+            hk.add_(mk[t])
+        unique_here = hk == 1
+        totals[:, 0] += mk.sum(dim=1)
+        totals[:, 1] += (mk & unique_here).sum(dim=1)
+    _check_finite(peaks, base, agents, names, tensor_name)
+    return totals
+
+
+def merge(
+    base: torch.Tensor,
+    agents: Sequence[torch.Tensor],
+    lambdas: Sequence[float],
+    epsilon: float,
+    *,
+    out_dtype: Optional[torch.dtype] = None,
+    names: Optional[Sequence[str]] = None,
+    tensor_name: Optional[str] = None,
+    chunk: Optional[int] = None,
+) -> torch.Tensor:
+    """Eq. 7: base where no agent is active, base + lambda_t * tau_t where only
+    agent t is, base + the mean of the active deltas where two or more are.
+
+    Sub-threshold deltas are dropped. The result has the base's shape and
+    `out_dtype` (default: the inputs' promoted dtype), rounded once.
+    """
+    _check_shapes(base, agents, names, tensor_name)
+    if len(lambdas) != len(agents):
+        raise ValueError(f"got {len(lambdas)} lambdas for {len(agents)} agents")
+    if out_dtype is None:
+        out_dtype = _promoted(base, agents)
+    out = torch.empty(base.shape, dtype=out_dtype, device=base.device)
+    if base.numel() == 0:
+        return out
+    flat_out = out.view(-1)
+    if not agents:
+        flat_out.copy_(base.reshape(-1))
+        return out
+    cdtype = _compute_dtype(base, agents)
+    flat_base, flat_agents = base.reshape(-1), [a.reshape(-1) for a in agents]
+    step = _chunk(base, chunk)
+    size = min(step, base.numel())
+    b = torch.empty(size, dtype=cdtype, device=base.device)
+    d, a = torch.empty_like(b), torch.empty_like(b)
+    total, scaled = torch.empty_like(b), torch.empty_like(b)
+    m = torch.empty(size, dtype=torch.bool, device=base.device)
+    hits = torch.empty(size, dtype=torch.uint8, device=base.device)
+    peaks = torch.zeros(len(agents), dtype=cdtype, device=base.device)
+    for start in range(0, base.numel(), step):
+        stop = min(start + step, base.numel())
+        k = stop - start
+        bk, dk, ak, mk, hk = b[:k], d[:k], a[:k], m[:k], hits[:k]
+        tk, sk = total[:k], scaled[:k]
+        bk.copy_(flat_base[start:stop])
+        tk.zero_()
+        sk.zero_()
+        hk.zero_()
+        for t, agent in enumerate(flat_agents):
+            torch.sub(agent[start:stop], bk, out=dk)
+            torch.abs(dk, out=ak)
+            peaks[t] = torch.maximum(peaks[t], ak.max())
+            torch.gt(ak, epsilon, out=mk)
+            dk.mul_(mk)
+            tk.add_(dk)
+            sk.add_(dk, alpha=float(lambdas[t]))
+            hk.add_(mk)
+        # one agent: its scaled delta; several: their mean; none: total is 0.
+        tk.div_(hk.clamp(min=1))
+        torch.where(hk == 1, sk, tk, out=tk)
+        tk.add_(bk)
+        flat_out[start:stop].copy_(tk)
+    _check_finite(peaks, base, agents, names, tensor_name)
+    return out
+
+
+def _promoted(base: torch.Tensor, agents: Sequence[torch.Tensor]) -> torch.dtype:
+    dtype = base.dtype
+    for a in agents:
+        dtype = torch.promote_types(dtype, a.dtype)
+    return dtype
+
+
+def _compute_dtype(base: torch.Tensor, agents: Sequence[torch.Tensor]) -> torch.dtype:
+    return torch.float64 if _promoted(base, agents) == torch.float64 else torch.float32
+
+
+def _chunk(base: torch.Tensor, chunk: Optional[int]) -> int:
+    if chunk is not None:
+        if chunk < 1:
+            raise ValueError("chunk must be positive")
+        return chunk
+    return CHUNK_CPU if base.device.type == "cpu" else CHUNK_ACCELERATOR
+
+
+def _label(names: Optional[Sequence[str]], index: int) -> str:
+    return names[index] if names is not None else f"agent #{index}"
+
+
+def _check_shapes(base, agents, names, tensor_name) -> None:
+    if names is not None and len(names) != len(agents):
+        raise ValueError(f"got {len(names)} names for {len(agents)} agents")
+    where = f" in tensor {tensor_name}" if tensor_name else ""
+    for i, a in enumerate(agents):
+        if a.shape != base.shape:
+            raise ValueError(
+                f"shape mismatch{where}: {_label(names, i)} has {tuple(a.shape)}, "
+                f"base has {tuple(base.shape)}"
+            )
+        if a.device != base.device:
+            raise ValueError(f"device mismatch{where}: {_label(names, i)} is on {a.device}")
+        if not a.is_floating_point():
+            raise TypeError(f"{_label(names, i)}{where} is not floating point ({a.dtype})")
+    if not base.is_floating_point():
+        raise TypeError(f"base{where} is not floating point ({base.dtype})")
+
+
+def _check_finite(peaks, base, agents, names, tensor_name) -> None:
+    # max() propagates NaN and Inf, so one small sync per tensor covers every entry.
+    if bool(torch.isfinite(peaks).all()):
+        return
+    where = f"tensor {tensor_name}" if tensor_name else "the tensor"
+    if not bool(torch.isfinite(base).all()):
+        raise NonFiniteInputError(f"{where} of the base model contains NaN or Inf")
+    for i, a in enumerate(agents):
+        if not bool(torch.isfinite(a).all()):
+            raise NonFiniteInputError(f"{where} of {_label(names, i)} contains NaN or Inf")
+    raise NonFiniteInputError(f"{where}: a task vector overflows to Inf")

@@ -1,0 +1,121 @@
+"""Registration without a wrapper: mergekit 0.1.5 has no plugin discovery.
+
+`mergekit_ram.pth` imports this package at interpreter start-up. We only add a
+meta-path finder (no torch, no mergekit import) that runs a small hook right
+after mergekit's own modules finish loading: register `ramplus` once
+`mergekit.merge_methods` exists, install the statistics pre-pass once
+`mergekit.plan` exists. A failing hook logs a warning and never raises into
+mergekit. `MERGEKIT_RAM_DISABLE=1` makes the .pth do nothing.
+"""
+
+import _thread
+import importlib.util
+import sys
+
+_lock = _thread.RLock()
+_busy = set()
+
+
+def _log():
+    import logging  # not at start-up: logging alone costs milliseconds
+
+    return logging.getLogger("mergekit_ram")
+
+
+def register_methods():
+    """Register `ramplus` with mergekit (idempotent; skips a name collision)."""
+    pending = sys.modules.get("mergekit_ram.method")
+    if pending is not None and not hasattr(pending, "ramplus"):
+        return  # still being defined: its own load hook registers it
+    from mergekit.merge_methods import register, registered_methods
+
+    from mergekit_ram.method import ramplus
+
+    taken = {m.spec.name: m for m in registered_methods()}
+    owner = taken.get(ramplus.spec.name)
+    if owner is ramplus:
+        return
+    if owner is not None:
+        _log().warning(
+            "mergekit-ram: a merge method named %r is already registered (%s); "
+            "mergekit-ram's RAM+ was not registered",
+            ramplus.spec.name,
+            type(owner).__module__,
+        )
+        return
+    register(ramplus)
+
+
+def install_prepass():
+    """Wrap mergekit's planner so `ramplus` gets whole-model statistics."""
+    from mergekit_ram import prepass
+
+    prepass.install()
+
+
+_HOOKS = {
+    "mergekit.merge_methods": register_methods,
+    "mergekit_ram.method": register_methods,
+    "mergekit.plan": install_prepass,
+}
+
+
+def _run(hook):
+    try:
+        with _lock:
+            hook()
+    except Exception as error:  # a broken plugin must not break mergekit
+        _log().warning("mergekit-ram: %s failed, RAM+ is unavailable: %r", hook.__name__, error)
+
+
+class _Loader:
+    """Delegates to the real loader, then runs the hook on the finished module."""
+
+    def __init__(self, loader, hook):
+        self._loader, self._hook = loader, hook
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self._loader
+        module.__loader__ = self._loader
+        self._loader.exec_module(module)
+        _run(self._hook)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _Finder:
+    """A meta-path finder that only wraps the loaders of the modules in _HOOKS."""
+
+    def find_spec(self, name, path=None, target=None):
+        hook = _HOOKS.get(name)
+        if hook is None or name in _busy:
+            return None
+        _busy.add(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        except Exception:
+            return None
+        finally:
+            _busy.discard(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = _Loader(spec.loader, hook)
+        return spec
+
+
+_FINDER = _Finder()
+
+
+def install():
+    """Add the finder once; run hooks for modules that are already loaded."""
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _FINDER)
+    for name, hook in _HOOKS.items():
+        if name in sys.modules and name != "mergekit_ram.method":
+            _run(hook)
