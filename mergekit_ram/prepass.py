@@ -89,10 +89,11 @@ def install() -> None:
         return
 
     def _plan(self):
-        if self.config.merge_method in GLOBAL_METHODS:
+        ours = _is_ours(self.config.merge_method)
+        if ours:
             _check_config(self.config)
         current(self)
-        if self.config.merge_method in GLOBAL_METHODS:
+        if ours:
             run(self)
 
     _plan.__doc__ = current.__doc__
@@ -100,6 +101,20 @@ def install() -> None:
     setattr(_plan, _MARK, True)
     MergePlanner._plan = _plan
     _unavailable = None
+
+
+def _is_ours(name: str) -> bool:
+    """Our method, not another plugin's that took the same name first."""
+    from mergekit import merge_methods
+
+    from mergekit_ram.startup import is_ours
+
+    if name not in GLOBAL_METHODS:
+        return False
+    try:
+        return is_ours(merge_methods.get(name))
+    except RuntimeError:
+        return False
 
 
 def _check_config(config) -> None:
@@ -127,7 +142,7 @@ def run(planner) -> Optional[Dict[Hashable, statistics.AgentStats]]:
     planned = [
         (i, task)
         for i, (_, task) in enumerate(planner._tensors)
-        if isinstance(task, ExecuteMergeMethodTask) and task.method_name in GLOBAL_METHODS
+        if isinstance(task, ExecuteMergeMethodTask) and _is_ours(task.method_name)
     ]
     if not planned:
         return None

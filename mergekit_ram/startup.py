@@ -14,6 +14,7 @@ import sys
 
 _lock = _thread.RLock()
 _busy = set()
+_warned = set()
 
 
 def _log():
@@ -33,17 +34,25 @@ def register_methods():
 
     taken = {m.spec.name: m for m in registered_methods()}
     owner = taken.get(ramplus.spec.name)
-    if owner is ramplus:
-        return
-    if owner is not None:
+    if owner is None:
+        register(ramplus)
+    elif not is_ours(owner) and ramplus.spec.name not in _warned:
+        _warned.add(ramplus.spec.name)
         _log().warning(
-            "mergekit-ram: a merge method named %r is already registered (%s); "
+            "mergekit-ram: a merge method named %r is already registered (by %s); "
             "mergekit-ram's RAM+ was not registered",
             ramplus.spec.name,
-            type(owner).__module__,
+            _origin(owner),
         )
-        return
-    register(ramplus)
+
+
+def is_ours(method) -> bool:
+    """True for this package's methods, also across a reload of its modules."""
+    return _origin(method) == "mergekit_ram.method"
+
+
+def _origin(method) -> str:
+    return getattr(getattr(method, "implementation", method), "__module__", "?")
 
 
 def install_prepass():
@@ -92,6 +101,8 @@ class _Loader:
 class _Finder:
     """A meta-path finder that only wraps the loaders of the modules in _HOOKS."""
 
+    __mergekit_ram_finder__ = True
+
     def find_spec(self, name, path=None, target=None):
         hook = _HOOKS.get(name)
         if hook is None or name in _busy:
@@ -114,7 +125,11 @@ _FINDER = _Finder()
 
 def install():
     """Add the finder once; run hooks for modules that are already loaded."""
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+    if _FINDER not in sys.meta_path:
+        # a reloaded copy of this module leaves its old finder behind: replace it
+        sys.meta_path[:] = [
+            f for f in sys.meta_path if not getattr(f, "__mergekit_ram_finder__", False)
+        ]
         sys.meta_path.insert(0, _FINDER)
     for name, hook in _HOOKS.items():
         if name in sys.modules and name != "mergekit_ram.method":

@@ -1,0 +1,242 @@
+"""Packaging: the wheel ships the start-up hook, the editable install is current,
+and the README's set-up commands are the ones CI runs."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import mergekit_ram
+
+REPO = Path(__file__).resolve().parent.parent
+REPO_PTH = REPO / "mergekit_ram" / "mergekit_ram.pth"
+PURELIB = sysconfig.get_paths()["purelib"]
+
+
+def _env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env.pop("MERGEKIT_RAM_DISABLE", None)
+    env.pop("PYTHONPATH", None)
+    env.update(HF_HUB_OFFLINE="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONIOENCODING="utf-8")
+    env.update(extra)
+    return env
+
+
+def _run(args, cwd, timeout=60) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(map(str, args))} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+# --------------------------------------------------------------------------- #
+# The .pth file itself
+# --------------------------------------------------------------------------- #
+def test_pth_is_one_import_line():
+    lines = [l for l in REPO_PTH.read_text().splitlines() if l.strip()]
+    assert len(lines) == 1, lines
+    # site.py executes only lines that start with "import " or "import\t".
+    assert lines[0].startswith(("import ", "import\t")), lines[0]
+    assert "MERGEKIT_RAM_DISABLE" in lines[0] and "mergekit_ram" in lines[0]
+
+
+# --------------------------------------------------------------------------- #
+# Wheel
+# --------------------------------------------------------------------------- #
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    try:
+        import hatchling  # noqa: F401
+    except ImportError:
+        pytest.fail("building the wheel needs hatchling: pip install -e '.[test]'")
+    out = tmp_path_factory.mktemp("wheel")
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+         "-q", "-w", str(out), str(REPO)],
+        cwd=out,
+    )
+    wheels = list(out.glob("mergekit_ram-*.whl"))
+    assert len(wheels) == 1, list(out.iterdir())
+    return wheels[0]
+
+
+def test_wheel_ships_pth_at_root_and_the_package(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        assert "mergekit_ram.pth" in names, sorted(names)  # root of site-packages
+        assert archive.read("mergekit_ram.pth").decode() == REPO_PTH.read_text()
+        for module in ("__init__", "startup", "method", "prepass", "kernel", "statistics", "api"):
+            assert f"mergekit_ram/{module}.py" in names, sorted(names)
+        assert not any("__pycache__" in n or n.startswith("tests/") for n in names), sorted(names)
+
+
+def test_wheel_console_scripts_resolve(wheel):
+    """Every [project.scripts] entry must point at a module that the wheel contains."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        entry = next((n for n in names if n.endswith(".dist-info/entry_points.txt")), None)
+        if entry is None:
+            return
+        parser = configparser.ConfigParser()
+        parser.read_string(archive.read(entry).decode())
+    scripts = dict(parser["console_scripts"]) if parser.has_section("console_scripts") else {}
+    for script, target in scripts.items():
+        module = target.split(":")[0].strip()
+        path = module.replace(".", "/")
+        assert f"{path}.py" in names or f"{path}/__init__.py" in names, (
+            f"console script {script!r} -> {target!r}, but the wheel has no {path}.py"
+        )
+
+
+def test_wheel_install_registers_from_its_own_files(wheel, tmp_path):
+    target = tmp_path / "site"
+    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
+          "--target", str(target), str(wheel)], cwd=tmp_path)
+    assert (target / "mergekit_ram.pth").is_file()
+
+    # -S: no site-packages, so no editable install and no repo on sys.path.
+    # addsitedir(target) processes target/mergekit_ram.pth like a real site
+    # dir; purelib is then appended without processing its .pth files, only to
+    # find mergekit and torch.
+    code = textwrap.dedent(
+        f"""
+        import json, sys, site
+        r = {{'before': 'mergekit_ram' in sys.modules}}
+        site.addsitedir({str(target)!r})
+        r['hooked'] = 'mergekit_ram' in sys.modules
+        r['torch_after_hook'] = 'torch' in sys.modules
+        sys.path.append({PURELIB!r})
+        import mergekit.merge_methods as m
+        method = m.get('ramplus')
+        r['same'] = method is sys.modules['mergekit_ram.method'].ramplus
+        import mergekit.plan as p
+        r['wrapped'] = getattr(p.MergePlanner._plan, '__mergekit_ram_prepass__', False)
+        r['files'] = {{k: sys.modules[k].__file__ for k in
+                      ('mergekit_ram', 'mergekit_ram.startup', 'mergekit_ram.method',
+                       'mergekit_ram.prepass')}}
+        r['finders'] = sum(type(f).__module__ == 'mergekit_ram.startup' for f in sys.meta_path)
+        print('RESULT ' + json.dumps(r))
+        """
+    )
+    proc = _run([sys.executable, "-S", "-c", code], cwd=tmp_path)
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert result["before"] is False
+    assert result["hooked"] is True and result["torch_after_hook"] is False
+    assert result["same"] is True and result["wrapped"] is True and result["finders"] == 1
+    for name, file in result["files"].items():
+        assert Path(file).resolve().is_relative_to(target.resolve()), f"{name} loaded from {file}"
+    assert "mergekit-ram" not in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------- #
+# Editable install
+# --------------------------------------------------------------------------- #
+def test_editable_install_has_current_pth():
+    if not Path(mergekit_ram.__file__).resolve().is_relative_to(REPO):
+        pytest.skip(f"mergekit_ram is not installed editable from {REPO}")
+    dist = metadata.distribution("mergekit-ram")
+    installed = Path(dist.locate_file("mergekit_ram.pth"))
+    if not installed.is_file():
+        found = [Path(d) / "mergekit_ram.pth" for d in sys.path if (Path(d) / "mergekit_ram.pth").is_file()]
+        assert found, "no mergekit_ram.pth in any site directory: reinstall with pip install -e ."
+        installed = found[0]
+    assert installed.read_text() == REPO_PTH.read_text(), (
+        f"{installed} is stale; reinstall with pip install -e ."
+    )
+    # The editable path hook must run first, or the import in mergekit_ram.pth fails.
+    path_hooks = [
+        p for p in installed.parent.glob("*.pth")
+        if p != installed and str(REPO) in p.read_text(errors="replace")
+    ]
+    assert path_hooks, "no .pth adds the repo to sys.path"
+    assert all(p.name < installed.name for p in path_hooks), [p.name for p in path_hooks]
+
+
+# --------------------------------------------------------------------------- #
+# README set-up commands == CI
+# --------------------------------------------------------------------------- #
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)")
+_SHELL = {"", "bash", "sh", "shell", "console", "zsh"}
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Commands of a shell snippet: continuations joined, comments/blank lines and `$ ` dropped."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    lines = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line.startswith("$ "):
+            line = line[2:].strip()
+        if line and not line.startswith("#"):
+            lines.append(re.sub(r"\s+", " ", line))
+    return lines
+
+
+def _setup_blocks(readme: str):
+    """(heading, [block text, ...]) for the first heading whose title mentions set-up."""
+    lines = readme.splitlines()
+    fence = None
+    heading = level = None
+    blocks, current = [], None
+    for line in lines:
+        match = _FENCE.match(line)
+        if fence is not None:
+            if match and match.group(1)[0] == fence[0] and len(match.group(1)) >= len(fence) \
+                    and not match.group(2):
+                if current is not None:
+                    blocks.append((current[0], "\n".join(current[1])))
+                fence, current = None, None
+            elif current is not None:
+                current[1].append(line)
+            continue
+        if match:
+            fence = match.group(1)
+            if heading is not None:
+                current = (match.group(2).lower(), [])
+            continue
+        found = _HEADING.match(line)
+        if found:
+            if heading is not None and len(found.group(1)) <= level:
+                break
+            if heading is None and re.search(r"set[\s-]?up", found.group(2), re.I):
+                heading, level = found.group(2), len(found.group(1))
+    return heading, blocks
+
+
+def test_readme_setup_commands_are_what_ci_runs():
+    readme_path, ci_path = REPO / "README.md", REPO / ".ci" / "run"
+    assert readme_path.is_file(), "README.md is missing"
+    assert ci_path.is_file(), ".ci/run is missing"
+    heading, blocks = _setup_blocks(readme_path.read_text())
+    assert heading is not None, "README.md has no heading containing 'Set-up' (e.g. '## Set-up')"
+    assert len(blocks) == 2, (
+        f"README section {heading!r} must hold exactly two fenced shell blocks "
+        f"(1: install + example merge, 2: tests); found {len(blocks)}"
+    )
+    not_shell = [lang for lang, _ in blocks if lang not in _SHELL]
+    assert not not_shell, f"README set-up blocks must be shell code, got {not_shell}"
+    commands = [_logical_lines(text) for _, text in blocks]
+    assert all(commands), f"an empty set-up block in README section {heading!r}"
+    assert any("install" in c for c in commands[0]), f"first set-up block does not install: {commands[0]}"
+    assert any("pytest" in c for c in commands[1]), f"second set-up block does not run pytest: {commands[1]}"
+
+    ci = _logical_lines(ci_path.read_text())
+    position = 0
+    for block in commands:
+        for command in block:
+            assert command in ci[position:], (
+                f".ci/run does not run the README set-up command (in order):\n  {command}\n"
+                f".ci/run commands: {ci}"
+            )
+            position = ci.index(command, position) + 1
