@@ -25,21 +25,22 @@ def agent_statistics(
     """Whole-model counts per agent (density, unique, shared, rho)."""
     _check_non_negative(epsilon=epsilon)
     base_sd, named = _inputs(base, agents)
-    names = [n for n, _ in named]
-    per_tensor = []
+    totals = _count(base_sd, named, epsilon).totals()
+    return {name: totals[str(name)] for name, _ in named}
+
+
+def _count(base_sd: StateDict, named, epsilon: float) -> statistics.Statistics:
+    labels = [str(n) for n, _ in named]
+    stats = statistics.Statistics(labels)
     with torch.no_grad():
         for key in _float_keys(base_sd, named):
             counts = kernel.count(
-                base_sd[key],
-                [sd[key] for _, sd in named],
-                epsilon,
-                names=[str(n) for n in names],
-                tensor_name=key,
+                base_sd[key], [sd[key] for _, sd in named], epsilon, names=labels, tensor_name=key
             ).tolist()
-            per_tensor.append(
-                (base_sd[key].numel(), {n: (c[0], c[1]) for n, c in zip(names, counts)})
+            stats.tensors.append(
+                statistics.TensorCounts(key, base_sd[key].numel(), dict(zip(labels, map(tuple, counts))), epsilon)
             )
-    return statistics.reduce_counts(per_tensor, names)
+    return stats
 
 
 def merge_state_dicts(
@@ -50,22 +51,32 @@ def merge_state_dicts(
     r: float = 0.1,
     alpha: float = 2.0,
     rho: Optional[Union[Mapping[Hashable, float], Sequence[float]]] = None,
+    rho_scope: str = "model",
+    lambda_rule: str = "clip",
     out_dtype: Optional[torch.dtype] = None,
 ) -> Dict[str, torch.Tensor]:
-    """Merge agents into base with global RAM+ (r = 0: plain RAM).
+    """Merge agents into base with RAM+ (r = 0: plain RAM).
 
-    rho is computed over the whole model unless given for every agent (e.g.
-    from `agent_statistics`, to sweep r without recounting). Returns new
-    tensors; inputs are never modified.
+    rho is counted over the whole model (or per layer / tensor with
+    `rho_scope`) unless given for every agent, e.g. from `agent_statistics`,
+    to sweep r without recounting. Returns new tensors; inputs are untouched.
     """
     _check_non_negative(epsilon=epsilon, r=r, alpha=alpha)
+    statistics.scope_group("", rho_scope)  # validates the name
+    statistics.lambda_for(0.0, r, alpha, lambda_rule)
     base_sd, named = _inputs(base, agents)
     names = [n for n, _ in named]
-    rhos = _rho_values(rho, names)
-    if r != 0 and any(v is None for v in rhos):
-        stats = agent_statistics(base_sd, dict(named), epsilon=epsilon)
-        rhos = [stats[n].rho if v is None else v for n, v in zip(names, rhos)]
-    lambdas = [1.0 if r == 0 else kernel.lambda_clip(v, r, alpha) for v in rhos]
+    given = _rho_values(rho, names)
+    scoped: Dict[str, Dict[str, float]] = {}
+    if r != 0 and any(v is None for v in given):
+        scoped = _count(base_sd, named, epsilon).rho(rho_scope)
+
+    def lambdas_for(key: str) -> List[float]:
+        if r == 0:
+            return [1.0] * len(names)
+        group = scoped.get(statistics.scope_group(key, rho_scope), {})
+        rhos = [group.get(str(n), 0.0) if v is None else v for n, v in zip(names, given)]
+        return [statistics.lambda_for(v, r, alpha, lambda_rule) for v in rhos]
 
     merged: Dict[str, torch.Tensor] = {}
     done: Dict[Tuple, torch.Tensor] = {}
@@ -82,7 +93,7 @@ def merge_state_dicts(
             merged[key] = done[alias] = kernel.merge(
                 tensor,
                 inputs,
-                lambdas,
+                lambdas_for(key),
                 epsilon,
                 out_dtype=out_dtype,
                 names=[str(n) for n in names],
@@ -97,6 +108,8 @@ def _inputs(base: StateDictLike, agents: Agents):
     if not items:
         raise ValueError("at least one agent is required")
     named = [(name, _as_state_dict(sd, f"agent {name!r}")) for name, sd in items]
+    if len({str(name) for name, _ in named}) != len(named):
+        raise ValueError("agent names must be distinct as strings")
     for name, sd in named:
         missing, extra = set(base_sd) - set(sd), set(sd) - set(base_sd)
         if missing or extra:
@@ -161,5 +174,5 @@ def _rho_values(rho, names) -> List[Optional[float]]:
 
 def _check_non_negative(**values: float) -> None:
     for name, value in values.items():
-        if not value >= 0 or (name != "alpha" and value == float("inf")):
+        if not value >= 0 or value == float("inf"):
             raise ValueError(f"{name} must be a finite number >= 0, got {value}")

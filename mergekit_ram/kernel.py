@@ -33,9 +33,18 @@ def rho(shared: int, unique: int) -> float:
 
 def lambda_clip(rho_t: float, r: float, alpha: float) -> float:
     """Eq. 6: lambda = 1 + r * clip(rho, 0, alpha). r = 0 is plain RAM."""
+    if r == 0:
+        return 1.0
     return 1.0 + r * min(max(rho_t, 0.0), alpha)
 
 
+def lambda_soft(rho_t: float, r: float) -> float:
+    """RAM+s (App. E, Eq. 8-9): lambda = 1 + r * rho / (1 + rho), below 1 + r."""
+    share = 1.0 if math.isinf(rho_t) else max(rho_t, 0.0) / (1.0 + max(rho_t, 0.0))
+    return 1.0 + r * share
+
+
+@torch.no_grad()
 def count(
     base: torch.Tensor,
     agents: Sequence[torch.Tensor],
@@ -45,14 +54,16 @@ def count(
     tensor_name: Optional[str] = None,
     chunk: Optional[int] = None,
 ) -> torch.Tensor:
-    """Per agent, how many entries are active and how many of those are unique.
+    """Per agent: its active entries, those no other agent changed (unique), and
+    those exactly one other agent changed too (pair).
 
-    Returns an int64 tensor of shape [N, 2] (active, unique) on the inputs' device;
-    shared = active - unique. Uses the same mask function as `merge`.
+    Returns an int64 tensor of shape [N, 3] (active, unique, pair) on the inputs'
+    device; shared = active - unique, shared with two or more others =
+    active - unique - pair. Uses the same mask function as `merge`.
     """
     _check_shapes(base, agents, names, tensor_name)
     n = len(agents)
-    totals = torch.zeros(n, 2, dtype=torch.int64, device=base.device)
+    totals = torch.zeros(n, 3, dtype=torch.int64, device=base.device)
     if n == 0 or base.numel() == 0:
         return totals
     cdtype = _compute_dtype(base, agents)
@@ -62,7 +73,7 @@ def count(
     b = torch.empty(size, dtype=cdtype, device=base.device)
     d = torch.empty_like(b)
     masks = torch.empty(n, size, dtype=torch.bool, device=base.device)
-    hits = torch.empty(size, dtype=torch.uint8, device=base.device)
+    hits = torch.empty(size, dtype=_counter(n), device=base.device)
     peaks = torch.zeros(n, dtype=cdtype, device=base.device)
     for start in range(0, base.numel(), step):
         stop = min(start + step, base.numel())
@@ -76,13 +87,14 @@ def count(
             peaks[t] = torch.maximum(peaks[t], dk.max())
             torch.gt(dk, epsilon, out=mk[t])
             hk.add_(mk[t])
-        unique_here = hk == 1
         totals[:, 0] += mk.sum(dim=1)
-        totals[:, 1] += (mk & unique_here).sum(dim=1)
+        totals[:, 1] += (mk & (hk == 1)).sum(dim=1)
+        totals[:, 2] += (mk & (hk == 2)).sum(dim=1)
     _check_finite(peaks, base, agents, names, tensor_name)
     return totals
 
 
+@torch.no_grad()
 def merge(
     base: torch.Tensor,
     agents: Sequence[torch.Tensor],
@@ -103,6 +115,8 @@ def merge(
     _check_shapes(base, agents, names, tensor_name)
     if len(lambdas) != len(agents):
         raise ValueError(f"got {len(lambdas)} lambdas for {len(agents)} agents")
+    if not all(math.isfinite(lam) for lam in lambdas):
+        raise ValueError(f"every lambda must be finite, got {list(lambdas)}")
     if out_dtype is None:
         out_dtype = _promoted(base, agents)
     out = torch.empty(base.shape, dtype=out_dtype, device=base.device)
@@ -120,7 +134,7 @@ def merge(
     d, a = torch.empty_like(b), torch.empty_like(b)
     total, scaled = torch.empty_like(b), torch.empty_like(b)
     m = torch.empty(size, dtype=torch.bool, device=base.device)
-    hits = torch.empty(size, dtype=torch.uint8, device=base.device)
+    hits = torch.empty(size, dtype=_counter(len(agents)), device=base.device)
     peaks = torch.zeros(len(agents), dtype=cdtype, device=base.device)
     for start in range(0, base.numel(), step):
         stop = min(start + step, base.numel())
@@ -147,6 +161,10 @@ def merge(
         flat_out[start:stop].copy_(tk)
     _check_finite(peaks, base, agents, names, tensor_name)
     return out
+
+
+def _counter(n: int) -> torch.dtype:
+    return torch.uint8 if n < 255 else torch.int32
 
 
 def _promoted(base: torch.Tensor, agents: Sequence[torch.Tensor]) -> torch.dtype:

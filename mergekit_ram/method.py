@@ -1,14 +1,15 @@
 """The `ramplus` merge method: one declarative mergekit definition.
 
 RAM+ with the paper's global rho_t. The planner hook (`mergekit_ram.prepass`)
-counts every tensor first and fills in `rho` for each agent; a user may also
-give `rho` per model. With r = 0 (plain RAM) rho is never needed.
+counts every tensor first and fills in `rho` for each agent (over the whole
+model, or per layer/tensor with `rho_scope`); a user may also give `rho` per
+model. With r = 0 (plain RAM) rho is never needed.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 from pydantic import AfterValidator
@@ -22,7 +23,7 @@ from mergekit.merge_methods import (
     merge_method,
 )
 
-from mergekit_ram import kernel
+from mergekit_ram import kernel, statistics
 
 NAME = "ramplus"
 
@@ -39,7 +40,7 @@ def _non_negative(name: str, *, finite: bool = True):
 
 Epsilon = Annotated[float, _non_negative("epsilon")]
 R = Annotated[float, _non_negative("r")]
-Alpha = Annotated[float, _non_negative("alpha", finite=False)]
+Alpha = Annotated[float, _non_negative("alpha")]
 Rho = Optional[Annotated[float, _non_negative("rho", finite=False)]]
 
 
@@ -54,6 +55,8 @@ def ramplus(
     epsilon: Epsilon = 1e-5,
     r: R = 0.1,
     alpha: Alpha = 2.0,
+    rho_scope: Literal["model", "layer", "tensor"] = "model",
+    lambda_rule: Literal["clip", "soft"] = "clip",
     rho: PerNonBase[Rho] = None,
 ) -> torch.Tensor:
     agents = group.non_base
@@ -64,7 +67,7 @@ def ramplus(
         missing = [name for entry, name in zip(agents, names) if rho[entry.id] is None]
         if missing:
             raise RuntimeError(_missing_rho_message(group.metadata.name, missing))
-        lambdas = [kernel.lambda_clip(rho[e.id], r, alpha) for e in agents]
+        lambdas = [statistics.lambda_for(rho[e.id], r, alpha, lambda_rule) for e in agents]
     return kernel.merge(
         group.base.tensor,
         [entry.tensor for entry in agents],

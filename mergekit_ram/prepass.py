@@ -1,33 +1,40 @@
-"""The global statistics pre-pass, run inside mergekit's own planning.
+"""The statistics pre-pass, run inside mergekit's own planning.
 
 RAM+'s rho_t is a whole-model quantity, but mergekit merges one tensor at a
 time. We wrap `MergePlanner._plan`: once mergekit has planned the tensors, we
 count every planned `ramplus` tensor with the very same input task (dtype,
 vocabulary alignment, device), the same per-tensor epsilon and the kernel's own
-mask, on the executor mergekit itself would use; then we hand each merge task
-its agents' rho.
+mask, on the executor mergekit itself would use (or take the counts from the
+cache); then we hand each merge task its agents' rho. `plan_to_disk` gains a
+task that writes `ram_stats.json` once the model is written, and the model
+card gains a "RAM+ statistics" section.
 
 This is the only module that touches mergekit's private surface (`_plan`,
-`_tensors`, `ExecuteMergeMethodTask`'s fields, the executors). It checks that
-surface before patching and says so clearly if mergekit changed shape.
+`_tensors`, `plan_to_disk`, `ExecuteMergeMethodTask`'s fields, the executors,
+`mergekit.merge`'s card and config helpers). It checks that surface before
+patching and says so clearly if mergekit changed shape.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import logging
 import os
 import sys
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from mergekit.graph import Task
 
-from mergekit_ram import kernel, statistics
-from mergekit_ram.method import NAME
+from mergekit_ram import cache, kernel, report, statistics
+from mergekit_ram.method import NAME, ramplus
 
 LOG = logging.getLogger("mergekit_ram")
 
 GLOBAL_METHODS = frozenset({NAME})
+STATS_FILE = "ram_stats.json"
 _SUPPORTED = ((0, 1, 5), (0, 2, 0))
 _TASK_FIELDS = (
     "method_name",
@@ -41,6 +48,7 @@ _TASK_FIELDS = (
 )
 _MARK = "__mergekit_ram_prepass__"
 _unavailable: Optional[str] = None
+_reports: Dict[int, dict] = {}  # id(MergeConfiguration) -> report, for the model card
 
 
 class IncompatibleMergekit(RuntimeError):
@@ -62,45 +70,88 @@ def check_surface() -> None:
     found = version("mergekit")
     numbers = tuple(int(p) for p in found.split(".")[:3] if p.isdigit())
     if not (_SUPPORTED[0] <= numbers < _SUPPORTED[1]):
-        raise IncompatibleMergekit(
-            f"mergekit {found} is installed; mergekit-ram supports >=0.1.5,<0.2"
-        )
+        raise IncompatibleMergekit(f"mergekit {found} is installed; mergekit-ram supports >=0.1.5,<0.2")
     missing = [f for f in _TASK_FIELDS if f not in ExecuteMergeMethodTask.model_fields]
-    if missing or not callable(getattr(MergePlanner, "_plan", None)):
+    missing += [m for m in ("_plan", "plan_to_disk") if not callable(getattr(MergePlanner, m, None))]
+    if missing:
         raise IncompatibleMergekit(
-            f"mergekit {found} changed its planner (missing: "
-            f"{', '.join(missing) or 'MergePlanner._plan'}); upgrade mergekit-ram"
+            f"mergekit {found} changed its planner (missing: {', '.join(missing)}); upgrade mergekit-ram"
         )
 
 
 def install() -> None:
-    """Wrap MergePlanner._plan once. Idempotent; records why if it cannot."""
+    """Wrap the planner (and, once loaded, mergekit.merge's card). Idempotent."""
     global _unavailable
     from mergekit.plan import MergePlanner
 
-    current = MergePlanner._plan
-    if getattr(current, _MARK, False):
-        return
-    try:
-        check_surface()
-    except IncompatibleMergekit as error:
-        _unavailable = str(error)
-        LOG.warning("mergekit-ram: global RAM+ pre-pass disabled: %s", error)
+    if not getattr(MergePlanner._plan, _MARK, False):
+        try:
+            check_surface()
+        except IncompatibleMergekit as error:
+            _unavailable = str(error)
+            LOG.warning("mergekit-ram: global RAM+ pre-pass disabled: %s", error)
+            return
+        _wrap(MergePlanner, "_plan", _plan)
+        _wrap(MergePlanner, "plan_to_disk", _plan_to_disk)
+        _unavailable = None
+    install_card()
+
+
+def install_card() -> None:
+    """Append the RAM+ section to the model card `mergekit.merge` writes."""
+    merge = sys.modules.get("mergekit.merge")
+    current = getattr(merge, "generate_card", None)
+    if current is None or getattr(current, _MARK, False):
         return
 
-    def _plan(self):
-        ours = _is_ours(self.config.merge_method)
-        if ours:
-            _check_config(self.config)
-        current(self)
-        if ours:
-            run(self)
+    def generate_card(config, *args, **kwargs):
+        card = current(config, *args, **kwargs)
+        found = _reports.pop(id(config), None)
+        return card if found is None else card.rstrip("\n") + "\n\n" + report.card_section(found)
 
-    _plan.__doc__ = current.__doc__
-    _plan.__wrapped__ = current
-    setattr(_plan, _MARK, True)
-    MergePlanner._plan = _plan
-    _unavailable = None
+    _mark(generate_card, current)
+    merge.generate_card = generate_card
+
+
+def _wrap(cls, name, replacement) -> None:
+    original = getattr(cls, name)
+
+    def wrapper(self, *args, **kwargs):
+        return replacement(original, self, *args, **kwargs)
+
+    _mark(wrapper, original)
+    setattr(cls, name, wrapper)
+
+
+def _mark(wrapper, original) -> None:
+    wrapper.__qualname__ = f"mergekit_ram[{original.__qualname__}]"
+    wrapper.__doc__ = original.__doc__
+    wrapper.__wrapped__ = original
+    setattr(wrapper, _MARK, True)
+
+
+def _plan(original, planner) -> None:
+    ours = _is_ours(planner.config.merge_method)
+    if ours:
+        check_config(planner.config)
+    original(planner)
+    if ours:
+        run(planner)
+
+
+def _plan_to_disk(original, planner, out_path: str):
+    ours = _is_ours(planner.config.merge_method)
+    if ours:
+        _check_output(planner.config, out_path)
+    tasks = original(planner, out_path)
+    found = getattr(planner, "_mergekit_ram_report", None)
+    if ours and found is not None:
+        from mergekit.io.tasks import FinalizeModel
+
+        finalize = next(t for t in tasks if isinstance(t, FinalizeModel))
+        _reports[id(planner.config)] = found
+        tasks.append(WriteStatistics(out_path=out_path, payload=report.dumps(found), after=finalize))
+    return tasks
 
 
 def _is_ours(name: str) -> bool:
@@ -117,26 +168,121 @@ def _is_ours(name: str) -> bool:
         return False
 
 
-def _check_config(config) -> None:
+def check_config(config) -> None:
+    """Plan-time errors for what RAM+ cannot honour or would silently ignore."""
     bases = {config.base_model} if config.base_model else set()
     slices = list(config.slices or [])
     for module in (config.modules or {}).values():
         slices.extend(module.slices or [])
     bases.update(s.base_model for s in slices if s.base_model is not None)
     if not bases:
-        raise ValueError(
-            "ramplus needs `base_model`: task vectors are measured against it"
-        )
+        raise ValueError("ramplus needs `base_model`: task vectors are measured against it")
     if len(bases) > 1:
         raise ValueError(
-            "ramplus needs one base model for the whole merge (rho is counted over "
-            f"the whole model); this config uses {len(bases)}: "
-            + ", ".join(sorted(str(b) for b in bases))
+            "ramplus needs one base model for the whole merge (rho is counted over the whole model); "
+            f"this config uses {len(bases)}: " + ", ".join(sorted(str(b) for b in bases))
         )
+    _check_parameter_names(config)
 
 
-def run(planner) -> Optional[Dict[Hashable, statistics.AgentStats]]:
-    """Count, reduce to rho, inject into the planned tasks. Returns the stats."""
+def _check_parameter_names(config) -> None:
+    shared = {p.name for p in ramplus.spec.shared_parameters}
+    per_model = {p.name for p in ramplus.spec.input_parameters}
+    places: List[Tuple[str, Optional[dict], bool]] = [("parameters", config.parameters, True)]
+    for i, m in enumerate(config.models or []):
+        places.append((f"models[{i}] ({m.model}).parameters", m.parameters, False))
+    groups = [("", config.slices or [])] + [
+        (f"modules.{name}.", module.slices or []) for name, module in (config.modules or {}).items()
+    ]
+    for name, module in (config.modules or {}).items():
+        places.append((f"modules.{name}.parameters", module.parameters, True))
+        for i, m in enumerate(module.models or []):
+            places.append((f"modules.{name}.models[{i}] ({m.model}).parameters", m.parameters, False))
+    for prefix, slices in groups:
+        for i, s in enumerate(slices):
+            places.append((f"{prefix}slices[{i}].parameters", s.parameters, True))
+            for j, src in enumerate(s.sources):
+                places.append((f"{prefix}slices[{i}].sources[{j}] ({src.model}).parameters", src.parameters, False))
+    for where, params, allows_shared in places:
+        for key in params or {}:
+            if key in per_model or (allows_shared and key in shared):
+                continue
+            if key in shared:
+                raise ValueError(
+                    f"ramplus parameter '{key}' is set under {where}, where mergekit ignores it: it is "
+                    f"shared by all models; put it under the top-level `parameters:` (filters allow per-tensor values)"
+                )
+            close = difflib.get_close_matches(key, sorted(shared | per_model), n=1, cutoff=0.6)
+            if close:
+                raise ValueError(f"unknown ramplus parameter '{key}' under {where}; did you mean '{close[0]}'?")
+            LOG.warning(
+                "ramplus: parameter '%s' under %s is not a ramplus parameter and is ignored "
+                "(ramplus takes %s; per model: %s)",
+                key,
+                where,
+                ", ".join(sorted(shared)),
+                ", ".join(sorted(per_model)),
+            )
+
+
+def _check_output(config, out_path: str) -> None:
+    out = os.path.realpath(out_path)
+    for model in config.referenced_models():
+        path = model.model.path
+        if os.path.isdir(path):
+            real = os.path.realpath(path)
+            if out == real or out.startswith(real + os.sep):
+                raise ValueError(
+                    f"output folder {out_path} is inside the input model {model}; "
+                    "the merge would overwrite it. Choose another output folder."
+                )
+
+
+def run(planner, *, force: bool = False) -> Optional[Dict[str, statistics.AgentStats]]:
+    """Count (or load), reduce to rho per scope, inject into the planned tasks.
+
+    Returns per-agent whole-model stats, or None when no statistics were needed
+    (r = 0 or rho given for every agent) and none were cached.
+    """
+    planned = _planned(planner)
+    if not planned:
+        return None
+    tasks = [task for _, task in planned]
+    _warn_stored_dtypes(planner, tasks[0])
+    needs = {
+        model
+        for task in tasks
+        if task.parameters["r"] != 0
+        for model in _agents(task)
+        if task.input_parameters[model].get("rho") is None
+    }
+    stats, source = _statistics(planner, tasks, compute=bool(needs) or force)
+    if not needs:
+        LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")
+    if stats is not None:
+        _inject(planner, planned, stats, needs)
+    planner._mergekit_ram_report = report.build(
+        stats, tasks, source=source, identities=_identities(planner, tasks[0])
+    )
+    if stats is None:
+        return None
+    totals = stats.totals()
+    for label, s in totals.items():
+        if s.active == 0:
+            LOG.warning(
+                "ramplus: %s changes no weight by more than epsilon; it is identical to the base "
+                "and adds nothing to the merge",
+                label,
+            )
+    params = tasks[0].parameters
+    table = statistics.format_table(totals.values(), params["r"], params["alpha"], params["lambda_rule"])
+    LOG.info("RAM+ statistics (%s):\n%s", source, table)
+    if not planner.options.quiet and needs:
+        print(f"RAM+ statistics ({source}):\n{table}", file=sys.stderr, flush=True)
+    return totals
+
+
+def _planned(planner):
     from mergekit.merge_methods.task_adapter import ExecuteMergeMethodTask, TensorDictWrapper
 
     planned = [
@@ -144,70 +290,111 @@ def run(planner) -> Optional[Dict[Hashable, statistics.AgentStats]]:
         for i, (_, task) in enumerate(planner._tensors)
         if isinstance(task, ExecuteMergeMethodTask) and _is_ours(task.method_name)
     ]
-    if not planned:
-        return None
     if any(isinstance(t.gather_tensors, TensorDictWrapper) for _, t in planned):
         raise ValueError("ramplus: raw tensor-dict inputs have no whole-model rho")
-    _warn_stored_dtypes(planner, planned[0][1])
+    return planned
 
-    needs = {
-        model
-        for _, task in planned
-        if task.parameters["r"] != 0
-        for model in _agents(task)
-        if task.input_parameters[model].get("rho") is None
-    }
-    if not needs:
-        LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")
+
+def _agents(task) -> List[Any]:
+    return [m for m in task.model_order if m != task.base_model]
+
+
+def _statistics(planner, tasks, *, compute: bool) -> Tuple[Optional[statistics.Statistics], str]:
+    agents = [str(m) for m in _agents(tasks[0])]
+    digest = _cache_key(planner, tasks)
+    entry = cache.load(digest) if digest else None
+    if entry is not None:
+        LOG.info("ramplus: statistics from cache %s (no tensor read)", digest[:12])
+        return statistics.Statistics.from_json(entry["agents"], entry["tensors"]), "cache"
+    if not compute:
+        return None, "not computed"
+    stats = statistics.Statistics(agents, _count(planner, tasks))
+    if digest:
+        cache.store(digest, stats.to_json(), agents=agents)
+    return stats, "computed"
+
+
+def _cache_key(planner, tasks) -> Optional[str]:
+    if cache.directory() is None:
+        return None
+    try:
+        models = {m for t in tasks for m in t.model_order}
+        parts = {
+            "kernel": "active=|tau|>eps; tau in float32 (float64 for float64 inputs)",
+            "models": {str(m): _folder_identity(m) for m in sorted(models, key=str)},
+            "tensors": [
+                [t.output_weight.name, _plain(t.gather_tensors), t.parameters["epsilon"], t.dtype, [str(m) for m in t.model_order], str(t.base_model)]
+                for t in tasks
+            ],
+        }
+        return cache.key(parts)
+    except Exception as error:  # an input we cannot identify is simply not cached
+        LOG.warning("ramplus: statistics cache skipped: %s", error)
         return None
 
-    counts = _count(planner, [task for _, task in planned])
-    order = [m for m in planned[0][1].model_order if m != planned[0][1].base_model]
-    stats = statistics.reduce_counts(counts, order)
-    for model, s in stats.items():
-        if s.active == 0:
-            LOG.warning(
-                "ramplus: %s changes no weight by more than epsilon; it is identical "
-                "to the base and adds nothing to the merge",
-                model,
-            )
-    r, alpha = planned[0][1].parameters["r"], planned[0][1].parameters["alpha"]
-    table = statistics.format_table(stats.values(), r, alpha)
-    LOG.info("RAM+ global statistics:\n%s", table)
-    if not planner.options.quiet:
-        print(f"RAM+ global statistics:\n{table}", file=sys.stderr, flush=True)
 
+def _folder_identity(model) -> dict:
+    from mergekit.io.tasks import LoaderCache
+
+    return cache.folder_identity(LoaderCache().get(model).index.base_path)
+
+
+def _identities(planner, task) -> Dict[str, dict]:
+    out = {}
+    for model in task.model_order:
+        try:
+            out[str(model)] = report.public_identity(_folder_identity(model))
+        except Exception:
+            out[str(model)] = {}
+    return out
+
+
+def _plain(value):
+    """A task as JSON-able data, without the device (it does not change counts)."""
+    from mergekit.common import ImmutableMap
+    from pydantic import BaseModel
+
+    if isinstance(value, BaseModel):
+        if type(value).__str__ is not BaseModel.__str__:
+            return str(value)  # ModelReference and friends print their identity
+        return {type(value).__name__: {k: _plain(getattr(value, k)) for k in type(value).model_fields if k != "device"}}
+    if isinstance(value, (ImmutableMap, dict)):
+        return sorted([[_plain(k), _plain(v)] for k, v in value.items()], key=lambda kv: json.dumps(kv, default=str))
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _inject(planner, planned, stats: statistics.Statistics, needs) -> None:
     from mergekit.common import ImmutableMap
 
+    by_scope: Dict[str, Dict[str, Dict[str, float]]] = {}
     for index, task in planned:
+        scope = task.parameters["rho_scope"]
+        if scope not in by_scope:
+            by_scope[scope] = stats.rho(scope)
+        rhos = by_scope[scope].get(statistics.scope_group(task.output_weight.name, scope))
+        if rhos is None:
+            continue  # a buffer: copied, never merged
         inputs = {}
         for model, params in task.input_parameters.items():
-            if model in needs and model in stats and params.get("rho") is None:
-                params = ImmutableMap(data={**dict(params.items()), "rho": stats[model].rho})
+            if model in needs and params.get("rho") is None:
+                params = ImmutableMap(data={**dict(params.items()), "rho": rhos[str(model)]})
             inputs[model] = params
         weight, _ = planner._tensors[index]
-        planner._tensors[index] = (
-            weight,
-            task.model_copy(update={"input_parameters": ImmutableMap(data=inputs)}),
-        )
-    planner._mergekit_ram_statistics = stats
-    return stats
-
-
-def _agents(task) -> List[Hashable]:
-    return [m for m in task.model_order if m != task.base_model]
+        planner._tensors[index] = (weight, task.model_copy(update={"input_parameters": ImmutableMap(data=inputs)}))
 
 
 def _count(planner, tasks) -> List[statistics.TensorCounts]:
     from mergekit.graph import Executor
     from mergekit.multigpu_executor import MultiGPUExecutor
 
-    targets = [CountTask.for_merge_task(t) for t in tasks]
+    targets = [CountTask(merge_task=t) for t in tasks]
     options = planner.options
     if options.multi_gpu:
-        executor = MultiGPUExecutor(
-            targets=targets, storage_device=None if options.low_cpu_memory else "cpu"
-        )
+        executor = MultiGPUExecutor(targets=targets, storage_device=None if options.low_cpu_memory else "cpu")
         results = executor.run(quiet=options.quiet)
     else:
         executor = Executor(
@@ -216,7 +403,8 @@ def _count(planner, tasks) -> List[statistics.TensorCounts]:
             storage_device=options.device if options.low_cpu_memory else "cpu",
         )
         results = executor.run(quiet=options.quiet, desc="RAM+ statistics")
-    return [value for _, value in results if value is not None]
+    found = {value.name: value for _, value in results if value is not None}
+    return [found[t.output_weight.name] for t in tasks if t.output_weight.name in found]
 
 
 def _warn_stored_dtypes(planner, task) -> None:
@@ -242,9 +430,7 @@ def _warn_stored_dtypes(planner, task) -> None:
     widths = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2}
     wanted = dtype_from_name(planner.config.dtype)
     if wanted is not None:
-        narrow = [
-            str(m) for m, d in stored.items() if widths.get(d, 0) > wanted.itemsize
-        ]
+        narrow = [str(m) for m, d in stored.items() if widths.get(d, 0) > wanted.itemsize]
         if narrow:
             LOG.warning(
                 "ramplus: `dtype: %s` rounds the stored weights of %s before masking; "
@@ -271,14 +457,10 @@ def _weight_infos(task):
     return dict(gather.weight_info.items()) if hasattr(gather, "weight_info") else {}
 
 
-class CountTask(Task[Optional[Tuple[int, Dict[Hashable, Tuple[int, int]]]]]):
+class CountTask(Task[Optional[statistics.TensorCounts]]):
     """Counts one planned tensor exactly as its ExecuteMergeMethodTask will see it."""
 
     merge_task: Any
-
-    @classmethod
-    def for_merge_task(cls, task) -> "CountTask":
-        return cls(merge_task=task)
 
     def arguments(self):
         return {"tensors": self.merge_task.gather_tensors}
@@ -289,7 +471,7 @@ class CountTask(Task[Optional[Tuple[int, Dict[Hashable, Tuple[int, int]]]]]):
     def uses_accelerator(self) -> bool:
         return True
 
-    def execute(self, tensors, **_kwargs):
+    def execute(self, tensors, **_kwargs) -> Optional[statistics.TensorCounts]:
         from mergekit.common import dtype_from_name
         from mergekit.merge_methods import TensorEntry, TensorGroup, TensorMetadata, get
         from mergekit.merge_methods.dtype import align_dtype
@@ -301,24 +483,65 @@ class CountTask(Task[Optional[Tuple[int, Dict[Hashable, Tuple[int, int]]]]]):
             if (tensor := tensors.get(model)) is not None
         )
         name = task.output_weight.name
-        get(task.method_name).validate_inputs(
-            [e.id for e in entries], task.base_model, group_name=name
-        )
+        get(task.method_name).validate_inputs([e.id for e in entries], task.base_model, group_name=name)
         if not all(e.tensor.is_floating_point() for e in entries):
             return None  # buffers are copied, never merged: not counted
         group = TensorGroup(entries=entries, metadata=TensorMetadata.from_weight_info(task.output_weight))
         group.validate_tensors()
         group = align_dtype(group, dtype_from_name(task.dtype))
         agents = group.non_base
-        with torch.no_grad():
-            counts = kernel.count(
-                group.base.tensor,
-                [e.tensor for e in agents],
-                task.parameters["epsilon"],
-                names=[str(e.id) for e in agents],
-                tensor_name=name,
-            ).tolist()
-        return (
-            group.base.tensor.numel(),
-            {e.id: (c[0], c[1]) for e, c in zip(agents, counts)},
+        labels = [str(e.id) for e in agents]
+        epsilon = task.parameters["epsilon"]
+        counts = kernel.count(group.base.tensor, [e.tensor for e in agents], epsilon, names=labels, tensor_name=name)
+        return statistics.TensorCounts(
+            name, group.base.tensor.numel(), dict(zip(labels, map(tuple, counts.tolist()))), epsilon
         )
+
+
+class WriteStatistics(Task[None]):
+    """Writes ram_stats.json after the model itself has been written."""
+
+    out_path: str
+    payload: str
+    after: Any
+
+    def arguments(self):
+        return {"after": self.after}
+
+    def main_thread_only(self) -> bool:
+        return True
+
+    def execute(self, **_kwargs) -> None:
+        os.makedirs(self.out_path, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".ram_stats.", dir=self.out_path)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(self.payload)
+        os.replace(tmp, os.path.join(self.out_path, STATS_FILE))
+
+
+def inspect_config(config, options, *, force: bool = True):
+    """Plan `config` as ramplus and return (report, Statistics) without merging."""
+    from mergekit.architecture import get_architecture_info
+    from mergekit.io.tasks import LoaderCache
+    from mergekit.merge import _model_out_config
+    from mergekit.plan import MergePlanner
+
+    install()
+    if not _is_ours(config.merge_method):
+        config = config.model_copy(update={"merge_method": NAME})
+    check_config(config)
+    arch_info = get_architecture_info(config, options)
+    loaders = LoaderCache()
+    loaders.setup(options=options)
+    for model in config.referenced_models():
+        loaders.get(model)
+    out_config = _model_out_config(config, arch_info, trust_remote_code=options.trust_remote_code)
+    planner = MergePlanner(config, arch_info, options=options, out_model_config=out_config)
+    MergePlanner._plan.__wrapped__(planner)
+    planned = _planned(planner)
+    if not planned:
+        raise ValueError("nothing to inspect: the config plans no tensor")
+    tasks = [t for _, t in planned]
+    _warn_stored_dtypes(planner, tasks[0])
+    stats, source = _statistics(planner, tasks, compute=force)
+    return report.build(stats, tasks, source=source, identities=_identities(planner, tasks[0])), stats

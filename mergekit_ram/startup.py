@@ -4,7 +4,7 @@
 meta-path finder (no torch, no mergekit import) that runs a small hook right
 after mergekit's own modules finish loading: register `ramplus` once
 `mergekit.merge_methods` exists, install the statistics pre-pass once
-`mergekit.plan` exists. A failing hook logs a warning and never raises into
+`mergekit.plan` exists, extend the model card once `mergekit.merge` exists. A failing hook logs a warning and never raises into
 mergekit. `MERGEKIT_RAM_DISABLE=1` makes the .pth do nothing.
 """
 
@@ -62,10 +62,18 @@ def install_prepass():
     prepass.install()
 
 
+def install_card():
+    """Add the RAM+ section to the model card mergekit writes."""
+    from mergekit_ram import prepass
+
+    prepass.install_card()
+
+
 _HOOKS = {
     "mergekit.merge_methods": register_methods,
     "mergekit_ram.method": register_methods,
     "mergekit.plan": install_prepass,
+    "mergekit.merge": install_card,
 }
 
 

@@ -1,27 +1,35 @@
-"""Whole-model RAM+ statistics: per-agent counts reduced to rho_t and lambda_t.
+"""RAM+ statistics: per-tensor, per-agent counts and what they imply.
 
-The pre-pass produces one (active, unique) pair per agent and tensor; this
-module sums them over the model (Eq. 2 is over all parameters, not per tensor)
-and formats what RAM+ will do, so a user can see why before trusting a merge.
+The pre-pass yields, for every merged tensor and agent, (active, unique, pair):
+entries the agent changed, those no other agent changed, and those exactly
+one other agent changed. Everything else is a reduction of these counts: rho_t
+over the whole model (the paper's Eq. 2), per layer or per tensor (`rho_scope`),
+densities and overlap shares (the paper's Fig. 2), and lambda for any r, alpha.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Dict, Hashable, Iterable, List, Mapping, Tuple
+import re
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from mergekit_ram import kernel
+
+SCOPES = ("model", "layer", "tensor")
+LAMBDA_RULES = ("clip", "soft")
+_LAYER = re.compile(r"(^|\.)(layers|h|blocks|block|layer)\.(\d+)\.")
 
 
 @dataclass(frozen=True)
 class AgentStats:
-    """Counts of one agent over every merged tensor."""
+    """One agent's counts over a set of tensors."""
 
     name: str
     active: int
     unique: int
     numel: int
+    pair: int = 0
 
     @property
     def shared(self) -> int:
@@ -32,58 +40,131 @@ class AgentStats:
         return self.active / self.numel if self.numel else 0.0
 
     @property
+    def shares(self) -> Tuple[float, float, float]:
+        """Of the active entries: unique, shared with 1 other, with >= 2 others."""
+        if not self.active:
+            return (0.0, 0.0, 0.0)
+        many = self.active - self.unique - self.pair
+        return (self.unique / self.active, self.pair / self.active, many / self.active)
+
+    @property
     def rho(self) -> float:
         return kernel.rho(self.shared, self.unique)
 
-    def lambda_(self, r: float, alpha: float) -> float:
-        return kernel.lambda_clip(self.rho, r, alpha)
+    def lambda_(self, r: float, alpha: float, rule: str = "clip") -> float:
+        return lambda_for(self.rho, r, alpha, rule)
 
 
-# per tensor: {agent: (active, unique)}, plus the tensor's element count
-TensorCounts = Tuple[int, Mapping[Hashable, Tuple[int, int]]]
+def lambda_for(rho: float, r: float, alpha: float, rule: str = "clip") -> float:
+    """Eq. 6 (`clip`) or RAM+s (`soft`, App. E)."""
+    if rule == "clip":
+        return kernel.lambda_clip(rho, r, alpha)
+    if rule == "soft":
+        return kernel.lambda_soft(rho, r)
+    raise ValueError(f"lambda_rule must be one of {LAMBDA_RULES}, got {rule!r}")
 
 
-def reduce_counts(
-    per_tensor: Iterable[TensorCounts], order: Iterable[Hashable]
-) -> Dict[Hashable, AgentStats]:
-    """Sum per-tensor counts into one AgentStats per agent, in `order`."""
-    order = list(order)
-    totals = {agent: [0, 0, 0] for agent in order}
-    for numel, counts in per_tensor:
-        for agent, (act, uni) in counts.items():
-            row = totals.setdefault(agent, [0, 0, 0])
-            row[0] += int(act)
-            row[1] += int(uni)
-            row[2] += int(numel)
-    return {
-        agent: AgentStats(str(agent), act, uni, numel)
-        for agent, (act, uni, numel) in totals.items()
-    }
+@dataclass(frozen=True)
+class TensorCounts:
+    """Counts of one merged tensor: agent -> (active, unique, pair)."""
+
+    name: str
+    numel: int
+    counts: Mapping[str, Tuple[int, int, int]]
+    epsilon: Optional[float] = None
 
 
-def format_table(stats: Iterable[AgentStats], r: float, alpha: float) -> str:
-    """A plain-text per-agent table: density, unique share, rho, lambda."""
-    rows: List[Tuple[str, ...]] = [
-        ("agent", "active", "density", "unique", "shared", "rho", f"lambda (r={r:g}, alpha={alpha:g})")
-    ]
+def scope_group(tensor: str, scope: str) -> str:
+    """The tensors that share one rho: all (`model`), one transformer block
+    (`layer`; tensors outside blocks each stand alone), or one tensor."""
+    if scope == "model":
+        return ""
+    if scope == "layer":
+        found = _LAYER.search(tensor)
+        return tensor[: found.end()].rstrip(".") if found else tensor
+    if scope == "tensor":
+        return tensor
+    raise ValueError(f"rho_scope must be one of {SCOPES}, got {scope!r}")
+
+
+@dataclass
+class Statistics:
+    """All counts of one pre-pass, in planning order."""
+
+    agents: List[str]
+    tensors: List[TensorCounts] = field(default_factory=list)
+
+    def totals(self, tensors: Optional[Iterable[TensorCounts]] = None) -> Dict[str, AgentStats]:
+        """Sum counts per agent over `tensors` (default: the whole model)."""
+        sums = {a: [0, 0, 0, 0] for a in self.agents}
+        for t in self.tensors if tensors is None else tensors:
+            for agent, (act, uni, pair) in t.counts.items():
+                row = sums[agent]
+                row[0] += act
+                row[1] += uni
+                row[2] += pair
+                row[3] += t.numel
+        return {a: AgentStats(a, act, uni, numel, pair) for a, (act, uni, pair, numel) in sums.items()}
+
+    def groups(self, scope: str) -> Dict[str, List[TensorCounts]]:
+        out: Dict[str, List[TensorCounts]] = {}
+        for t in self.tensors:
+            out.setdefault(scope_group(t.name, scope), []).append(t)
+        return out
+
+    def rho(self, scope: str = "model") -> Dict[str, Dict[str, float]]:
+        """group -> agent -> rho, for the given scope."""
+        return {
+            group: {a: s.rho for a, s in self.totals(members).items()}
+            for group, members in self.groups(scope).items()
+        }
+
+    def to_json(self) -> List[dict]:
+        return [
+            {"name": t.name, "numel": t.numel, "epsilon": t.epsilon, "counts": {a: list(c) for a, c in t.counts.items()}}
+            for t in self.tensors
+        ]
+
+    @classmethod
+    def from_json(cls, agents: Sequence[str], tensors: Iterable[dict]) -> "Statistics":
+        return cls(
+            list(agents),
+            [
+                TensorCounts(t["name"], t["numel"], {a: tuple(c) for a, c in t["counts"].items()}, t.get("epsilon"))
+                for t in tensors
+            ],
+        )
+
+
+def format_table(
+    stats: Iterable[AgentStats], r: float, alpha: float, rule: str = "clip", labels: Optional[Mapping[str, str]] = None
+) -> str:
+    """A plain-text per-agent table in the spirit of the paper's Fig. 2."""
+    head = ("agent", "active", "density", "unique", "shared w/ 1", "w/ >=2", "rho", f"lambda ({_lambda_label(r, alpha, rule)})")
+    rows = [head]
     for s in stats:
-        share = s.unique / s.active if s.active else 0.0
+        uni, one, many = s.shares
         rows.append(
             (
-                s.name,
+                (labels or {}).get(s.name, s.name),
                 f"{s.active:,}",
                 f"{100 * s.density:.2f}%",
-                f"{100 * share:.1f}%",
-                f"{100 * (1 - share) if s.active else 0.0:.1f}%",
-                _fmt(s.rho),
-                f"{s.lambda_(r, alpha):.4f}",
+                f"{100 * uni:.1f}%",
+                f"{100 * one:.1f}%",
+                f"{100 * many:.1f}%",
+                format_number(s.rho),
+                f"{s.lambda_(r, alpha, rule):.4f}",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def _fmt(value: float) -> str:
+def format_number(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:.4g}"
+
+
+def _lambda_label(r: float, alpha: float, rule: str) -> str:
+    return f"r={r:g}, alpha={alpha:g}" if rule == "clip" else f"soft, r={r:g}"

@@ -1,0 +1,137 @@
+"""On-disk cache of the pre-pass counts, so re-running a merge reads no tensor twice.
+
+An entry holds per-tensor, per-agent counts. Its key covers everything that
+changes them: each input's identity (its files' names, sizes, mtimes, ctimes,
+inodes, safetensors headers and sixteen 64 KiB samples of each weight file; a
+hub snapshot's folder names its revision),
+the planned tensors with their inputs, dtype, vocabulary alignment and
+per-tensor epsilon, and the format version. Writes are atomic (temp file +
+rename), so concurrent merges never see half an entry; a corrupt entry is
+ignored with a warning and recomputed.
+
+`MERGEKIT_RAM_CACHE=/path` moves it; `MERGEKIT_RAM_CACHE=off` turns it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+LOG = logging.getLogger("mergekit_ram")
+
+FORMAT = 1
+_OFF = {"off", "0", "false", "no", "none", ""}
+
+
+def directory() -> Optional[Path]:
+    """The cache folder, or None when caching is off."""
+    value = os.environ.get("MERGEKIT_RAM_CACHE")
+    if value is not None:
+        return None if value.strip().lower() in _OFF else Path(value).expanduser()
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "mergekit-ram"
+
+
+def folder_identity(path: str) -> dict:
+    """What identifies a model folder's content without reading its tensors."""
+    path = os.path.realpath(path)
+    files = {}
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if not os.path.isfile(full):
+            continue
+        st = os.stat(full)  # follows hub symlinks to their blobs
+        entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
+        if name.endswith(".safetensors"):
+            entry["header_sha256"] = _safetensors_header_hash(full)
+            entry["sample_sha256"] = _sample_hash(full, st.st_size)
+        files[name] = entry
+    identity = {"path": path, "files": files}
+    parent = os.path.basename(os.path.dirname(path))
+    if parent == "snapshots":  # a Hugging Face hub snapshot: the folder name is the revision
+        identity["revision"] = os.path.basename(path)
+    return identity
+
+
+def key(parts: Any) -> str:
+    """A stable digest of JSON-serialisable key material."""
+    blob = json.dumps({"format": FORMAT, "parts": parts}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def load(digest: str) -> Optional[dict]:
+    """The cached entry for `digest`, or None (missing, corrupt or stale)."""
+    folder = directory()
+    if folder is None:
+        return None
+    path = folder / f"{digest}.json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            entry = json.load(f)
+        if entry.get("format") != FORMAT or entry.get("key") != digest:
+            raise ValueError("format or key mismatch")
+        _validate(entry["tensors"])
+        return entry
+    except FileNotFoundError:
+        return None
+    except Exception as error:  # corrupt, truncated, foreign: recompute
+        LOG.warning("mergekit-ram: ignoring unreadable statistics cache entry %s (%s)", path, error)
+        return None
+
+
+def store(digest: str, tensors: list, **extra: Any) -> Optional[Path]:
+    """Write an entry atomically; a cache that cannot be written is only a warning."""
+    folder = directory()
+    if folder is None:
+        return None
+    entry = {"format": FORMAT, "key": digest, **extra, "tensors": tensors}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{digest}.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(entry, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, folder / f"{digest}.json")
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return folder / f"{digest}.json"
+    except OSError as error:
+        LOG.warning("mergekit-ram: could not write the statistics cache in %s: %s", folder, error)
+        return None
+
+
+def _safetensors_header_hash(path: str) -> str:
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if size > 100_000_000:
+            raise ValueError(f"{path}: implausible safetensors header size {size}")
+        return hashlib.sha256(f.read(size)).hexdigest()
+
+
+def _sample_hash(path: str, size: int, windows: int = 16, width: int = 1 << 16) -> str:
+    """sha256 of evenly spaced 64 KiB windows: tells apart agents of one base
+    (an RL agent changes thousands of entries per window) without a full read."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for i in range(windows):
+            f.seek(max(0, (size - width) * i // max(1, windows - 1)))
+            digest.update(f.read(width))
+    return digest.hexdigest()
+
+
+def _validate(tensors: Iterable) -> None:
+    for item in tensors:
+        name, numel, counts = item["name"], item["numel"], item["counts"]
+        if not isinstance(name, str) or not isinstance(numel, int) or not isinstance(counts, dict):
+            raise ValueError("malformed tensor record")
+        for row in counts.values():
+            if len(row) != 3 or not all(isinstance(x, int) and 0 <= x <= numel for x in row):
+                raise ValueError(f"malformed counts for {name}")

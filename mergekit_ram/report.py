@@ -1,0 +1,206 @@
+"""What a RAM+ merge publishes: `ram_stats.json` and the model card section.
+
+Both are built from the same report dict, so the card, the JSON and
+`mergekit-ram inspect` never disagree. Schema (format_version 1):
+
+- `parameters`: epsilon, r, alpha, rho_scope, lambda_rule as planned for the
+  first tensor; `per_tensor_parameters` lists those that vary across tensors.
+- `statistics`: "computed", "cache" or "not computed" (r = 0 / rho given).
+- `versions`: mergekit, mergekit-ram, torch.
+- `base_model`, `agents[]`: `model` and `identity` (`revision` for hub
+  snapshots; `content_id` = sha256 over each file's name, size, safetensors
+  header (tensor names, dtypes, shapes, offsets) and sixteen evenly spaced
+  64 KiB samples of its bytes: a fingerprint, not a hash of every weight).
+- per agent: active, shared, unique, shared_with_1, shared_with_2plus, numel,
+  density, unique_share, shared_with_1_share, shared_with_2plus_share,
+  rho_counted, rho (used), rho_source ("counted" or "given"), lambda.
+  Infinite values are written as the string "inf".
+- `rho_by_group` (rho_scope layer/tensor): group -> agent -> rho.
+- `tensors[]`: name, numel, epsilon, counts {agent: [active, unique, pair]}
+  (pair = entries exactly one other agent changed too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Dict, List, Optional
+
+from mergekit_ram import statistics
+
+FORMAT = "mergekit-ram/ram_stats"
+FORMAT_VERSION = 1
+_PARAMETERS = ("epsilon", "r", "alpha", "rho_scope", "lambda_rule")
+PROJECT_URL = "https://pypi.org/project/mergekit-ram/"
+
+
+def build(stats: Optional[statistics.Statistics], tasks, *, source: str, identities: Dict[str, dict]) -> dict:
+    """The report of one planned ramplus merge (`tasks`: its ExecuteMergeMethodTasks)."""
+    first = tasks[0]
+    params = {k: first.parameters[k] for k in _PARAMETERS}
+    varying = sorted({k for t in tasks for k in _PARAMETERS if t.parameters[k] != params[k]})
+    base = str(first.base_model)
+    agents = [m for m in first.model_order if m != first.base_model]
+    totals = stats.totals() if stats is not None else {}
+    rows = []
+    for model in agents:
+        label = str(model)
+        given = first.input_parameters[model].get("rho")
+        s = totals.get(label)
+        row: dict = {"model": label, "identity": identities.get(label, {})}
+        if s is not None:
+            unique_share, one_share, many_share = s.shares
+            row.update(
+                active=s.active,
+                shared=s.shared,
+                unique=s.unique,
+                shared_with_1=s.pair,
+                shared_with_2plus=s.shared - s.pair,
+                numel=s.numel,
+                density=s.density,
+                unique_share=unique_share,
+                shared_with_1_share=one_share,
+                shared_with_2plus_share=many_share,
+                rho_counted=_number(s.rho),
+            )
+        rho = given if given is not None else (s.rho if s is not None else None)
+        row["rho"] = _number(rho)
+        row["rho_source"] = "given" if given is not None else ("counted" if s is not None else None)
+        if params["r"] == 0:
+            row["lambda"] = 1.0
+        elif rho is not None:
+            row["lambda"] = statistics.lambda_for(rho, params["r"], params["alpha"], params["lambda_rule"])
+        else:
+            row["lambda"] = None
+        rows.append(row)
+    out = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "method": "ramplus",
+        "parameters": params,
+        "per_tensor_parameters": varying,
+        "statistics": source,
+        "versions": versions(),
+        "base_model": {"model": base, "identity": identities.get(base, {})},
+        "agents": rows,
+    }
+    if stats is not None and params["rho_scope"] != "model":
+        out["rho_by_group"] = {
+            g: {a: _number(v) for a, v in rhos.items()} for g, rhos in stats.rho(params["rho_scope"]).items()
+        }
+    out["tensors"] = stats.to_json() if stats is not None else []
+    return out
+
+
+def dumps(report: dict) -> str:
+    return json.dumps(report, indent=2, allow_nan=False) + "\n"
+
+
+def versions() -> Dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("mergekit", "mergekit-ram", "torch"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "unknown"
+    return out
+
+
+def public_identity(identity: dict) -> dict:
+    """The machine-independent part of cache.folder_identity (no mtimes/inodes)."""
+    files = identity.get("files", {})
+    material = [[n, f["size"], f.get("header_sha256"), f.get("sample_sha256")] for n, f in sorted(files.items())]
+    out = {"content_id": hashlib.sha256(json.dumps(material).encode()).hexdigest()}
+    if identity.get("revision"):
+        out["revision"] = identity["revision"]
+    return out
+
+
+def agent_rows(report: dict) -> List[List[str]]:
+    """Per-agent table cells: model, density, unique, w/ 1, w/ >=2, rho, lambda."""
+    rows = []
+    for a in report["agents"]:
+        counted = "density" in a
+        rows.append(
+            [
+                a["model"],
+                _pct(a.get("density")) if counted else "—",
+                _pct(a.get("unique_share")) if counted else "—",
+                _pct(a.get("shared_with_1_share")) if counted else "—",
+                _pct(a.get("shared_with_2plus_share")) if counted else "—",
+                _fmt(a["rho"]) + (" (given)" if a.get("rho_source") == "given" else ""),
+                "—" if a["lambda"] is None else f"{a['lambda']:.4f}",
+            ]
+        )
+    return rows
+
+
+def card_section(report: dict) -> str:
+    """Markdown for the model card: enough to reproduce and to understand the merge."""
+    p = report["parameters"]
+    v = report["versions"]
+    lines = [
+        "## RAM+ statistics",
+        "",
+        f"Merged with [mergekit-ram]({PROJECT_URL}) {v['mergekit-ram']} (mergekit {v['mergekit']}, torch "
+        f"{v['torch']}), method `ramplus`: RAM+ with ρ per {p['rho_scope']} "
+        f"([arXiv 2601.13572](https://arxiv.org/abs/2601.13572)).",
+        "",
+        f"Parameters: ε = {p['epsilon']:g}, r = {p['r']:g}, α = {p['alpha']:g}, λ rule `{p['lambda_rule']}`"
+        + (f"; varying per tensor: {', '.join(report['per_tensor_parameters'])}" if report["per_tensor_parameters"] else "")
+        + ".",
+        "",
+    ]
+    if report["statistics"] == "not computed":
+        lines += ["Statistics were not computed (r = 0, or ρ given for every agent).", ""]
+    lines += [
+        "| agent | density | unique | shared w/ 1 | shared w/ ≥2 | ρ | λ |",
+        "|---|---|---|---|---|---|---|",
+        *("| " + " | ".join(row) + " |" for row in agent_rows(report)),
+        "",
+        "Density: share of the agent's parameters changed by more than ε; unique / shared: share of its "
+        "changed entries that no / one / two or more other agents changed. ρ = shared / unique over the "
+        + ("whole model." if p["rho_scope"] == "model" else f"{p['rho_scope']} (the table shows the whole-model value)."),
+        "",
+        "Inputs:",
+        "",
+        "| role | model | identity |",
+        "|---|---|---|",
+        f"| base | {report['base_model']['model']} | {_identity(report['base_model']['identity'])} |",
+        *(f"| agent | {a['model']} | {_identity(a['identity'])} |" for a in report["agents"]),
+        "",
+        f"Per-tensor counts: `ram_stats.json`. To reproduce: `pip install mergekit=={v['mergekit']} "
+        f"mergekit-ram=={v['mergekit-ram']}`, then `mergekit-yaml mergekit_config.yml OUTPUT` with the inputs above.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _identity(identity: dict) -> str:
+    if not identity:
+        return "—"
+    parts = []
+    if identity.get("revision"):
+        parts.append(f"revision `{identity['revision']}`")
+    if identity.get("content_id"):
+        parts.append(f"content id `{identity['content_id'][:16]}`")
+    return ", ".join(parts)
+
+
+def _number(value):
+    if value is None:
+        return None
+    return "inf" if math.isinf(value) else value
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "—"
+    return "inf" if value == "inf" else f"{value:.4g}"
+
+
+def _pct(value) -> str:
+    return "—" if value is None else f"{100 * value:.2f}%"
