@@ -68,10 +68,109 @@ def _cmd_example(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- #
+# inspect
+# --------------------------------------------------------------------------- #
+DENSE = 0.9
+
+
+def _add_inspect(subparsers) -> None:
+    p = subparsers.add_parser(
+        "inspect",
+        help="count (or reuse cached) RAM+ statistics of a config without merging",
+        description=(
+            "Run only the RAM+ statistics pass of CONFIG (any merge config with a base_model; "
+            "planned as ramplus) and print, per agent, its density, the share of its changed "
+            "weights that are unique / shared with 1 / with >=2 other agents, rho and lambda. "
+            "Counts are cached like a merge's, so inspecting then merging reads the weights once."
+        ),
+    )
+    p.add_argument("config", metavar="CONFIG.yaml", type=Path)
+    p.add_argument("--json", metavar="FILE", type=Path, help="also write the statistics (ram_stats.json schema)")
+    p.add_argument("--plot", metavar="FILE.png", type=Path, help="also draw per-layer heat maps (needs matplotlib)")
+    p.add_argument("--r", type=float, help="lambda for this r instead of the config's")
+    p.add_argument("--alpha", type=float, help="lambda for this alpha instead of the config's")
+    p.add_argument("--lambda-rule", choices=["clip", "soft"], help="lambda rule instead of the config's")
+    p.add_argument("--cuda", action="store_true", help="count on the GPU (as mergekit-yaml --cuda)")
+    p.add_argument("--device", help="device to count on (as mergekit-yaml --device)")
+    p.add_argument("--low-cpu-memory", action="store_true")
+    p.add_argument("--read-to-gpu", action="store_true")
+    p.add_argument("--multi-gpu", action="store_true")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--unsafe-truncate-embeddings", action="store_true")
+    p.add_argument("--allow-crimes", action="store_true")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_inspect)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    import json
+    import logging
+
+    import yaml
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    import mergekit_ram  # noqa: F401  (registers ramplus, installs the pre-pass)
+    from mergekit.config import MergeConfiguration
+    from mergekit.options import MergeOptions
+
+    from mergekit_ram import prepass, report, statistics
+
+    if not args.config.is_file():
+        raise _UsageError(f"no such config file: {args.config}")
+    config = MergeConfiguration.model_validate(yaml.safe_load(args.config.read_text(encoding="utf-8")))
+    flags = ("cuda", "device", "low_cpu_memory", "read_to_gpu", "multi_gpu", "trust_remote_code",
+             "unsafe_truncate_embeddings", "allow_crimes", "quiet")
+    options = MergeOptions(**{f: getattr(args, f) for f in flags if getattr(args, f) not in (None, False)})
+    found, stats = prepass.inspect_config(config, options)
+
+    params = found["parameters"]
+    for name in ("r", "alpha", "lambda_rule"):
+        if getattr(args, name) is not None:
+            params[name] = getattr(args, name)
+    for name in ("r", "alpha"):
+        if not params[name] >= 0 or params[name] == float("inf"):
+            raise _UsageError(f"--{name} must be a finite number >= 0, got {params[name]}")
+    totals = stats.totals()
+    for row in found["agents"]:
+        rho = totals[row["model"]].rho
+        row["lambda"] = statistics.lambda_for(rho, params["r"], params["alpha"], params["lambda_rule"])
+    labels = _short_labels(stats.agents)
+    print(f"RAM+ statistics of {args.config} ({found['statistics']}; rho per {params['rho_scope']}):")
+    print(statistics.format_table(totals.values(), params["r"], params["alpha"], params["lambda_rule"], labels))
+    base = found["base_model"]["model"]
+    print(f"base: {base}; {sum(t.numel for t in stats.tensors):,} parameters in {len(stats.tensors)} tensors")
+    for agent, s in totals.items():
+        if s.density > DENSE:
+            print(
+                f"warning: {labels[agent]} changes {100 * s.density:.1f}% of the weights: it looks like SFT "
+                "or an fp32 export, not a sparse RL update; RAM then degenerates towards plain averaging",
+                file=sys.stderr,
+            )
+    if args.json:
+        args.json.write_text(report.dumps(found), encoding="utf-8")
+        print(f"wrote {args.json}")
+    if args.plot:
+        from mergekit_ram.plot import heatmap
+
+        try:
+            heatmap(stats, args.plot, labels)
+        except RuntimeError as error:
+            raise _UsageError(str(error)) from error
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _short_labels(agents) -> dict:
+    """Folder names when they are distinct, full references otherwise."""
+    short = {a: Path(a.split("@")[0].rstrip("/")).name or a for a in agents}
+    return short if len(set(short.values())) == len(short) else {a: a for a in agents}
+
+
+# --------------------------------------------------------------------------- #
 # Entry point
 # --------------------------------------------------------------------------- #
 #: Functions that register one subcommand each; extend this list to add more.
-SUBCOMMANDS: list[Callable] = [_add_example]
+SUBCOMMANDS: list[Callable] = [_add_example, _add_inspect]
 
 
 def build_parser() -> argparse.ArgumentParser:
