@@ -4,6 +4,10 @@ Knows nothing of mergekit. Both passes stream over the agents one flat chunk at 
 time, so scratch memory is a few chunk-sized buffers whatever the tensor size:
 no N x P stacks, no full-size masks. Deltas are formed in float32 (float64 for
 float64 inputs); the result is rounded once, to the requested dtype.
+
+On CPU, bf16/fp16/fp32 inputs go through the fused loops of `native` (one pass
+over memory instead of ~8 per agent); the torch code below is the portable path
+(GPU, float64, no C compiler, or an explicit `chunk=`), with identical masks.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import math
 from typing import Optional, Sequence
 
 import torch
+
+from mergekit_ram import native
 
 CHUNK_CPU = 1 << 18
 CHUNK_ACCELERATOR = 1 << 24
@@ -65,6 +71,11 @@ def count(
     n = len(agents)
     totals = torch.zeros(n, 3, dtype=torch.int64, device=base.device)
     if n == 0 or base.numel() == 0:
+        return totals
+    if chunk is None and native.supports(base, agents):
+        totals, bad = native.count(base, agents, epsilon)
+        if bad:
+            _raise_non_finite(base, agents, names, tensor_name)
         return totals
     cdtype = _compute_dtype(base, agents)
     flat_base, flat_agents = base.reshape(-1), [a.reshape(-1) for a in agents]
@@ -125,6 +136,10 @@ def merge(
     flat_out = out.view(-1)
     if not agents:
         flat_out.copy_(base.reshape(-1))
+        return out
+    if chunk is None and native.supports(base, agents, out_dtype):
+        if native.merge(base, agents, lambdas, epsilon, flat_out):
+            _raise_non_finite(base, agents, names, tensor_name)
         return out
     cdtype = _compute_dtype(base, agents)
     flat_base, flat_agents = base.reshape(-1), [a.reshape(-1) for a in agents]
@@ -210,8 +225,11 @@ def _check_shapes(base, agents, names, tensor_name) -> None:
 
 def _check_finite(peaks, base, agents, names, tensor_name) -> None:
     # max() propagates NaN and Inf, so one small sync per tensor covers every entry.
-    if bool(torch.isfinite(peaks).all()):
-        return
+    if not bool(torch.isfinite(peaks).all()):
+        _raise_non_finite(base, agents, names, tensor_name)
+
+
+def _raise_non_finite(base, agents, names, tensor_name) -> None:
     where = f"tensor {tensor_name}" if tensor_name else "the tensor"
     if not bool(torch.isfinite(base).all()):
         raise NonFiniteInputError(f"{where} of the base model contains NaN or Inf")

@@ -21,6 +21,17 @@ EPS = 1e-5
 R_, ALPHA = 0.1, 2.0
 
 
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def backend(request, monkeypatch):
+    """Every kernel test runs on the fused C loops and on the portable torch path."""
+    from mergekit_ram import native
+
+    monkeypatch.setenv("MERGEKIT_RAM_NATIVE", "1" if request.param == "native" else "0")
+    if request.param == "native" and native.library() is None:
+        pytest.skip("no C compiler: the native kernel is unavailable")
+    return request.param
+
+
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
@@ -509,3 +520,29 @@ def test_inputs_requiring_grad():
 
 def nn_param(t: torch.Tensor) -> torch.nn.Parameter:
     return torch.nn.Parameter(t.clone())
+
+
+# ------------------------------------------------------------------ native vs torch
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, torch.float32], ids=str)
+def test_native_and_torch_paths_agree(backend, dtype, out_dtype, monkeypatch):
+    """The fused loops are used when available and give the torch path's bits."""
+    from mergekit_ram import native
+
+    if backend != "native":
+        pytest.skip("compares the native path with the torch path")
+    base, agents, _ = make_case(4, dtype, shape=(300, 301), seed=44)
+    lambdas = [1.2, 1.0, 1.15, 1.05]
+    calls = []
+    real = native.merge
+    monkeypatch.setattr(native, "merge", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fast = kernel.merge(base, agents, lambdas, EPS, out_dtype=out_dtype)
+    fast_counts = kernel.count(base, agents, EPS)
+    assert calls, "the native kernel was not used"
+    monkeypatch.setenv("MERGEKIT_RAM_NATIVE", "0")
+    slow = kernel.merge(base, agents, lambdas, EPS, out_dtype=out_dtype)
+    assert torch.equal(fast_counts, kernel.count(base, agents, EPS))
+    assert fast.dtype == slow.dtype
+    assert torch.equal(fast, slow), int((fast != slow).sum())

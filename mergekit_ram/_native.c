@@ -1,0 +1,128 @@
+/* Fused CPU loops for the RAM / RAM+ kernel (see kernel.py for the math).
+ *
+ * The torch path makes ~8 passes over memory per agent; these loops make one:
+ * each block of BLOCK entries keeps the base (as float), the running sums and
+ * the hit count in L1 while every agent streams through once. Same masks
+ * (|tau| > eps on float32 deltas), same float32 arithmetic, output rounded
+ * once (round to nearest even). Compiled on first use by native.py.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BLOCK 2048
+
+static inline float load_f32(const float *p, int64_t i) { return p[i]; }
+static inline float load_bf16(const uint16_t *p, int64_t i) {
+    uint32_t u = (uint32_t)p[i] << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline float load_f16(const _Float16 *p, int64_t i) { return (float)p[i]; }
+
+static inline void store_f32(float *p, int64_t i, float x) { p[i] = x; }
+static inline void store_bf16(uint16_t *p, int64_t i, float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    p[i] = (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u) ? 0x7fc0u : r);
+}
+static inline void store_f16(_Float16 *p, int64_t i, float x) { p[i] = (_Float16)x; }
+
+/* Returns 1 when any delta is NaN or Inf (the caller then names the input). */
+#define DEFINE_COUNT(NAME, T)                                                          \
+    int count_##NAME(const T *base, const T *const *agents, int n, float eps,          \
+                     int64_t len, int64_t *counts) {                                   \
+        float b[BLOCK];                                                                \
+        uint8_t hits[BLOCK];                                                           \
+        uint8_t *mask = malloc((size_t)n * BLOCK);                                     \
+        int bad = 0;                                                                   \
+        if (!mask) return -1;                                                          \
+        for (int64_t s = 0; s < len; s += BLOCK) {                                     \
+            int k = (len - s) < BLOCK ? (int)(len - s) : BLOCK;                        \
+            for (int i = 0; i < k; i++) {                                              \
+                b[i] = load_##NAME(base, s + i);                                       \
+                hits[i] = 0;                                                           \
+            }                                                                          \
+            for (int t = 0; t < n; t++) {                                              \
+                const T *a = agents[t] + s;                                            \
+                uint8_t *m = mask + (size_t)t * BLOCK;                                 \
+                for (int i = 0; i < k; i++) {                                          \
+                    float d = fabsf(load_##NAME(a, i) - b[i]);                         \
+                    bad |= !(d <= FLT_MAX);                                            \
+                    m[i] = d > eps;                                                    \
+                    hits[i] += m[i];                                                   \
+                }                                                                      \
+            }                                                                          \
+            for (int t = 0; t < n; t++) {                                              \
+                const uint8_t *m = mask + (size_t)t * BLOCK;                           \
+                int64_t act = 0, uni = 0, pair = 0;                                    \
+                for (int i = 0; i < k; i++) {                                          \
+                    act += m[i];                                                       \
+                    uni += m[i] & (hits[i] == 1);                                      \
+                    pair += m[i] & (hits[i] == 2);                                     \
+                }                                                                      \
+                counts[3 * t] += act;                                                  \
+                counts[3 * t + 1] += uni;                                              \
+                counts[3 * t + 2] += pair;                                             \
+            }                                                                          \
+        }                                                                              \
+        free(mask);                                                                    \
+        return bad;                                                                    \
+    }
+
+#define DEFINE_MERGE(NAME, T, ONAME, O)                                                \
+    int merge_##NAME##_##ONAME(const T *base, const T *const *agents, int n,           \
+                               const float *lambdas, float eps, int64_t len, O *out) { \
+        float b[BLOCK], total[BLOCK], scaled[BLOCK];                                   \
+        uint8_t hits[BLOCK];                                                           \
+        int bad = 0;                                                                   \
+        for (int64_t s = 0; s < len; s += BLOCK) {                                     \
+            int k = (len - s) < BLOCK ? (int)(len - s) : BLOCK;                        \
+            for (int i = 0; i < k; i++) {                                              \
+                b[i] = load_##NAME(base, s + i);                                       \
+                total[i] = 0.0f;                                                       \
+                scaled[i] = 0.0f;                                                      \
+                hits[i] = 0;                                                           \
+            }                                                                          \
+            for (int t = 0; t < n; t++) {                                              \
+                const T *a = agents[t] + s;                                            \
+                float lam = lambdas[t];                                                \
+                for (int i = 0; i < k; i++) {                                          \
+                    float d = load_##NAME(a, i) - b[i];                                \
+                    float ad = fabsf(d);                                               \
+                    bad |= !(ad <= FLT_MAX);                                           \
+                    int on = ad > eps;                                                 \
+                    float kept = on ? d : 0.0f;                                        \
+                    total[i] += kept;                                                  \
+                    scaled[i] += lam * kept;                                           \
+                    hits[i] += on;                                                     \
+                }                                                                      \
+            }                                                                          \
+            for (int i = 0; i < k; i++) {                                              \
+                float c = (float)hits[i];                                              \
+                float mean = total[i] / fmaxf(c, 1.0f);                                \
+                total[i] = b[i] + (c == 1.0f ? scaled[i] : mean);                      \
+            }                                                                          \
+            O *o = out + s;                                                            \
+            for (int i = 0; i < k; i++) store_##ONAME(o, i, total[i]);                 \
+        }                                                                              \
+        return bad;                                                                    \
+    }
+
+DEFINE_COUNT(f32, float)
+DEFINE_COUNT(bf16, uint16_t)
+DEFINE_COUNT(f16, _Float16)
+
+DEFINE_MERGE(f32, float, f32, float)
+DEFINE_MERGE(f32, float, bf16, uint16_t)
+DEFINE_MERGE(f32, float, f16, _Float16)
+DEFINE_MERGE(bf16, uint16_t, f32, float)
+DEFINE_MERGE(bf16, uint16_t, bf16, uint16_t)
+DEFINE_MERGE(bf16, uint16_t, f16, _Float16)
+DEFINE_MERGE(f16, _Float16, f32, float)
+DEFINE_MERGE(f16, _Float16, bf16, uint16_t)
+DEFINE_MERGE(f16, _Float16, f16, _Float16)

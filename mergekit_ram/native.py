@@ -1,0 +1,184 @@
+"""The fused CPU loops of `_native.c`: built on first use, loaded with ctypes.
+
+Optional by design: without a C compiler (or with `MERGEKIT_RAM_NATIVE=0`) the
+kernel uses its torch path, which gives the same results, more slowly. The
+library is compiled for this machine (`-march=native`) into the cache folder,
+keyed by source, compiler and CPU, and replaced atomically, so concurrent
+first runs are safe. Work is split over torch's thread count; ctypes releases
+the GIL during each call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+LOG = logging.getLogger("mergekit_ram")
+
+SOURCE = Path(__file__).with_name("_native.c")
+_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_MIN_SPLIT = 1 << 20  # below this, one thread: splitting costs more than it saves
+_lock = threading.Lock()
+_lib = None
+_failed: Optional[str] = None
+_pool: Optional[ThreadPoolExecutor] = None
+
+
+def enabled() -> bool:
+    return os.environ.get("MERGEKIT_RAM_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def supports(base: torch.Tensor, agents: Sequence[torch.Tensor], out_dtype: Optional[torch.dtype] = None) -> bool:
+    """True when the fused loops apply: CPU, one float dtype of 16/32 bits, < 255 agents."""
+    if not enabled() or base.device.type != "cpu" or base.dtype not in _NAMES or len(agents) >= 255:
+        return False
+    if out_dtype is not None and out_dtype not in _NAMES:
+        return False
+    return all(a.dtype == base.dtype and a.device == base.device for a in agents) and library() is not None
+
+
+def library():
+    """The loaded library, building it once; None (with one warning) if it cannot be."""
+    global _lib, _failed
+    if _lib is not None or _failed is not None:
+        return _lib
+    with _lock:
+        if _lib is None and _failed is None:
+            try:
+                _lib = _declare(ctypes.CDLL(str(_build())))
+            except Exception as error:  # no compiler, read-only cache, odd platform
+                _failed = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
+                LOG.warning(
+                    "mergekit-ram: fast CPU kernel unavailable (%s); using the torch kernel "
+                    "(same results, slower). Set MERGEKIT_RAM_NATIVE=0 to silence.",
+                    _failed,
+                )
+    return _lib
+
+
+def count(base: torch.Tensor, agents: Sequence[torch.Tensor], epsilon: float) -> tuple:
+    """(int64 [N, 3] counts, any_non_finite)."""
+    lib, name = library(), _NAMES[base.dtype]
+    base, agents = _flat(base), [_flat(a) for a in agents]
+    pointers = (ctypes.c_void_p * len(agents))(*[a.data_ptr() for a in agents])
+    parts = _ranges(base.numel())
+    results = [torch.zeros(len(agents), 3, dtype=torch.int64) for _ in parts]
+    size = base.element_size()
+
+    def run(i):
+        start, stop = parts[i]
+        shifted = (ctypes.c_void_p * len(agents))(*[p + start * size for p in pointers])
+        return getattr(lib, f"count_{name}")(
+            base.data_ptr() + start * size, shifted, len(agents), ctypes.c_float(epsilon),
+            stop - start, results[i].data_ptr(),
+        )
+
+    bad = _map(run, len(parts))
+    return sum(results[1:], results[0]), any(b != 0 for b in bad)
+
+
+def merge(base, agents, lambdas, epsilon: float, out: torch.Tensor) -> bool:
+    """Write Eq. 7 into `out` (contiguous, CPU); returns any_non_finite."""
+    lib = library()
+    fn = getattr(lib, f"merge_{_NAMES[base.dtype]}_{_NAMES[out.dtype]}")
+    base, agents = _flat(base), [_flat(a) for a in agents]
+    pointers = [a.data_ptr() for a in agents]
+    lams = (ctypes.c_float * len(agents))(*[float(x) for x in lambdas])
+    parts = _ranges(base.numel())
+    size, osize = base.element_size(), out.element_size()
+
+    def run(i):
+        start, stop = parts[i]
+        shifted = (ctypes.c_void_p * len(agents))(*[p + start * size for p in pointers])
+        return fn(
+            base.data_ptr() + start * size, shifted, len(agents), lams, ctypes.c_float(epsilon),
+            stop - start, out.data_ptr() + start * osize,
+        )
+
+    return any(b != 0 for b in _map(run, len(parts)))
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+
+
+def _ranges(n: int):
+    threads = max(1, torch.get_num_threads()) if n >= _MIN_SPLIT else 1
+    step = -(-n // threads)
+    return [(s, min(s + step, n)) for s in range(0, n, step)] or [(0, 0)]
+
+
+def _map(fn, n: int):
+    global _pool
+    if n == 1:
+        return [fn(0)]
+    if _pool is None or _pool._max_workers < n:
+        _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="mergekit-ram")
+    return list(_pool.map(fn, range(n)))
+
+
+def _declare(lib):
+    int64, vp, fl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    for src in _NAMES.values():
+        getattr(lib, f"count_{src}").argtypes = [vp, vp, ctypes.c_int, fl, int64, vp]
+        for dst in _NAMES.values():
+            getattr(lib, f"merge_{src}_{dst}").argtypes = [vp, vp, ctypes.c_int, vp, fl, int64, vp]
+    return lib
+
+
+def _build() -> Path:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise RuntimeError("no C compiler (cc/gcc) on PATH")
+    flags = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=gnu11"]
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256(
+        "\n".join([SOURCE.read_text(), compiler, version, " ".join(flags), platform.machine(), _cpu()]).encode()
+    ).hexdigest()[:16]
+    folder = _folder()
+    target = folder / f"ramkernel-{digest}.so"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".ramkernel-", suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-500:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _folder() -> Path:
+    from mergekit_ram import cache
+
+    folder = cache.directory()
+    if folder is None:  # statistics cache off: the compiled kernel still needs a home
+        root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        folder = Path(root) / "mergekit-ram"
+    return folder / "native"
+
+
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor()
