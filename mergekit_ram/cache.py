@@ -24,7 +24,7 @@ from typing import Any, Iterable, Optional
 
 LOG = logging.getLogger("mergekit_ram")
 
-FORMAT = 1
+FORMAT = 2
 _OFF = {"off", "0", "false", "no", "none", ""}
 
 
@@ -75,21 +75,23 @@ def load(digest: str) -> Optional[dict]:
             entry = json.load(f)
         if entry.get("format") != FORMAT or entry.get("key") != digest:
             raise ValueError("format or key mismatch")
-        _validate(entry["tensors"])
+        _validate(entry["agents"], entry["tensors"])
+        if entry.get("checksum") != _checksum(entry["agents"], entry["tensors"]):
+            raise ValueError("checksum mismatch")
         return entry
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except Exception as error:  # corrupt, truncated, foreign: recompute
         LOG.warning("mergekit-ram: ignoring unreadable statistics cache entry %s (%s)", path, error)
         return None
 
 
-def store(digest: str, tensors: list, **extra: Any) -> Optional[Path]:
+def store(digest: str, agents: list, tensors: list) -> Optional[Path]:
     """Write an entry atomically; a cache that cannot be written is only a warning."""
     folder = directory()
     if folder is None:
         return None
-    entry = {"format": FORMAT, "key": digest, **extra, "tensors": tensors}
+    entry = {"format": FORMAT, "key": digest, "agents": agents, "checksum": _checksum(agents, tensors), "tensors": tensors}
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{digest}.", suffix=".tmp", dir=folder)
@@ -127,11 +129,20 @@ def _sample_hash(path: str, size: int, windows: int = 16, width: int = 1 << 16) 
     return digest.hexdigest()
 
 
-def _validate(tensors: Iterable) -> None:
+def _checksum(agents: list, tensors: list) -> str:
+    blob = json.dumps({"agents": agents, "tensors": tensors}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _validate(agents: Any, tensors: Iterable) -> None:
+    if not isinstance(agents, list) or not all(isinstance(a, str) for a in agents):
+        raise ValueError("malformed agent list")
     for item in tensors:
         name, numel, counts = item["name"], item["numel"], item["counts"]
         if not isinstance(name, str) or not isinstance(numel, int) or not isinstance(counts, dict):
             raise ValueError("malformed tensor record")
+        if set(counts) != set(agents):
+            raise ValueError(f"counts of {name} do not name the entry's agents")
         for row in counts.values():
             if len(row) != 3 or not all(isinstance(x, int) and 0 <= x <= numel for x in row):
                 raise ValueError(f"malformed counts for {name}")

@@ -117,6 +117,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     if not args.config.is_file():
         raise _UsageError(f"no such config file: {args.config}")
+    for name in ("r", "alpha"):  # before minutes of reading weights
+        value = getattr(args, name)
+        if value is not None and (not value >= 0 or value == float("inf")):
+            raise _UsageError(f"--{name} must be a finite number >= 0, got {value}")
     config = MergeConfiguration.model_validate(yaml.safe_load(args.config.read_text(encoding="utf-8")))
     flags = ("cuda", "device", "low_cpu_memory", "read_to_gpu", "multi_gpu", "trust_remote_code",
              "unsafe_truncate_embeddings", "allow_crimes", "quiet")
@@ -127,9 +131,6 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     for name in ("r", "alpha", "lambda_rule"):
         if getattr(args, name) is not None:
             params[name] = getattr(args, name)
-    for name in ("r", "alpha"):
-        if not params[name] >= 0 or params[name] == float("inf"):
-            raise _UsageError(f"--{name} must be a finite number >= 0, got {params[name]}")
     totals = stats.totals()
     for row in found["agents"]:
         rho = totals[row["model"]].rho

@@ -48,7 +48,7 @@ _TASK_FIELDS = (
 )
 _MARK = "__mergekit_ram_prepass__"
 _unavailable: Optional[str] = None
-_reports: Dict[int, dict] = {}  # id(MergeConfiguration) -> report, for the model card
+_reports: Dict[int, Tuple[Any, dict]] = {}  # id(config) -> (config, report), for the model card
 
 
 class IncompatibleMergekit(RuntimeError):
@@ -106,8 +106,10 @@ def install_card() -> None:
 
     def generate_card(config, *args, **kwargs):
         card = current(config, *args, **kwargs)
-        found = _reports.pop(id(config), None)
-        return card if found is None else card.rstrip("\n") + "\n\n" + report.card_section(found)
+        config_and_report = _reports.pop(id(config), None)
+        if config_and_report is None or config_and_report[0] is not config:
+            return card
+        return card.rstrip("\n") + "\n\n" + report.card_section(config_and_report[1])
 
     _mark(generate_card, current)
     merge.generate_card = generate_card
@@ -149,7 +151,8 @@ def _plan_to_disk(original, planner, out_path: str):
         from mergekit.io.tasks import FinalizeModel
 
         finalize = next(t for t in tasks if isinstance(t, FinalizeModel))
-        _reports[id(planner.config)] = found
+        _reports.clear()  # one merge at a time: never let an old report reach a card
+        _reports[id(planner.config)] = (planner.config, found)
         tasks.append(WriteStatistics(out_path=out_path, payload=report.dumps(found), after=finalize))
     return tasks
 
@@ -168,7 +171,7 @@ def _is_ours(name: str) -> bool:
         return False
 
 
-def check_config(config) -> None:
+def check_config(config, *, parameters: bool = True) -> None:
     """Plan-time errors for what RAM+ cannot honour or would silently ignore."""
     bases = {config.base_model} if config.base_model else set()
     slices = list(config.slices or [])
@@ -182,7 +185,8 @@ def check_config(config) -> None:
             "ramplus needs one base model for the whole merge (rho is counted over the whole model); "
             f"this config uses {len(bases)}: " + ", ".join(sorted(str(b) for b in bases))
         )
-    _check_parameter_names(config)
+    if parameters:
+        _check_parameter_names(config)
 
 
 def _check_parameter_names(config) -> None:
@@ -303,15 +307,25 @@ def _statistics(planner, tasks, *, compute: bool) -> Tuple[Optional[statistics.S
     agents = [str(m) for m in _agents(tasks[0])]
     digest = _cache_key(planner, tasks)
     entry = cache.load(digest) if digest else None
-    if entry is not None:
+    if entry is not None and _covers(entry, agents, tasks):
         LOG.info("ramplus: statistics from cache %s (no tensor read)", digest[:12])
         return statistics.Statistics.from_json(entry["agents"], entry["tensors"]), "cache"
     if not compute:
         return None, "not computed"
     stats = statistics.Statistics(agents, _count(planner, tasks))
     if digest:
-        cache.store(digest, stats.to_json(), agents=agents)
+        cache.store(digest, agents, stats.to_json())
     return stats, "computed"
+
+
+def _covers(entry: dict, agents: List[str], tasks) -> bool:
+    """An entry must name these agents and every planned tensor (buffers aside)."""
+    names = {t["name"] for t in entry["tensors"]}
+    planned = {t.output_weight.name for t in tasks}
+    if entry["agents"] == agents and names <= planned:
+        return True
+    LOG.warning("ramplus: statistics cache entry does not match the planned merge; recounting")
+    return False
 
 
 def _cache_key(planner, tasks) -> Optional[str]:
@@ -527,9 +541,10 @@ def inspect_config(config, options, *, force: bool = True):
     from mergekit.plan import MergePlanner
 
     install()
-    if not _is_ours(config.merge_method):
+    ours = _is_ours(config.merge_method)
+    if not ours:  # inspect any config with a base: its own parameters are not ours to judge
         config = config.model_copy(update={"merge_method": NAME})
-    check_config(config)
+    check_config(config, parameters=ours)
     arch_info = get_architecture_info(config, options)
     loaders = LoaderCache()
     loaders.setup(options=options)

@@ -4,7 +4,8 @@ Both are built from the same report dict, so the card, the JSON and
 `mergekit-ram inspect` never disagree. Schema (format_version 1):
 
 - `parameters`: epsilon, r, alpha, rho_scope, lambda_rule as planned for the
-  first tensor; `per_tensor_parameters` lists those that vary across tensors.
+  first tensor; `per_tensor_parameters` maps each parameter that varies across
+  tensors (mergekit filters or gradients) to its distinct values.
 - `statistics`: "computed", "cache" or "not computed" (r = 0 / rho given).
 - `versions`: mergekit, mergekit-ram, torch.
 - `base_model`, `agents[]`: `model` and `identity` (`revision` for hub
@@ -39,7 +40,11 @@ def build(stats: Optional[statistics.Statistics], tasks, *, source: str, identit
     """The report of one planned ramplus merge (`tasks`: its ExecuteMergeMethodTasks)."""
     first = tasks[0]
     params = {k: first.parameters[k] for k in _PARAMETERS}
-    varying = sorted({k for t in tasks for k in _PARAMETERS if t.parameters[k] != params[k]})
+    varying = {
+        k: sorted({t.parameters[k] for t in tasks}, key=str)
+        for k in _PARAMETERS
+        if any(t.parameters[k] != params[k] for t in tasks)
+    }
     base = str(first.base_model)
     agents = [m for m in first.model_order if m != first.base_model]
     totals = stats.totals() if stats is not None else {}
@@ -150,7 +155,11 @@ def card_section(report: dict) -> str:
         f"([arXiv 2601.13572](https://arxiv.org/abs/2601.13572)).",
         "",
         f"Parameters: ε = {p['epsilon']:g}, r = {p['r']:g}, α = {p['alpha']:g}, λ rule `{p['lambda_rule']}`"
-        + (f"; varying per tensor: {', '.join(report['per_tensor_parameters'])}" if report["per_tensor_parameters"] else "")
+        + "".join(
+            f"; {k} varies per tensor ({', '.join(f'{v:g}' if isinstance(v, float) else str(v) for v in vs)})"
+            for k, vs in report["per_tensor_parameters"].items()
+        )
+        + (" (the table's λ uses the values above)" if report["per_tensor_parameters"] else "")
         + ".",
         "",
     ]
@@ -161,9 +170,17 @@ def card_section(report: dict) -> str:
         "|---|---|---|---|---|---|---|",
         *("| " + " | ".join(row) + " |" for row in agent_rows(report)),
         "",
-        "Density: share of the agent's parameters changed by more than ε; unique / shared: share of its "
-        "changed entries that no / one / two or more other agents changed. ρ = shared / unique over the "
-        + ("whole model." if p["rho_scope"] == "model" else f"{p['rho_scope']} (the table shows the whole-model value)."),
+        "*Density*: share of all the agent's parameters that it changed by more than ε. *Unique*, "
+        "*shared w/ 1*, *shared w/ ≥2*: of the entries the agent changed, the share that no other agent, "
+        "exactly one other agent, or two or more other agents also changed (they add up to 100%). "
+        "ρ = shared / unique entries of the agent; λ scales its unique entries. "
+        "ρ = inf means the agent has no unique entry, so its λ multiplies nothing."
+        + (
+            ""
+            if p["rho_scope"] == "model"
+            else f" ρ was counted per {p['rho_scope']}, so λ varies by group (`rho_by_group` in "
+            "`ram_stats.json`); the table shows whole-model ρ and λ for reference."
+        ),
         "",
         "Inputs:",
         "",

@@ -157,3 +157,23 @@ def merged(tmp_path_factory):
         return cache[text]
 
     return runner
+
+
+@pytest.fixture
+def tensor_reads(monkeypatch):
+    """collections.Counter of (model folder, tensor name) -> how often mergekit's loader
+    (LazyTensorLoader.get_tensor) read it during the test; .clear() between runs."""
+    import collections
+    import os
+
+    from mergekit.io.lazy_tensor_loader import LazyTensorLoader
+
+    counter: collections.Counter = collections.Counter()
+    real = LazyTensorLoader.get_tensor
+
+    def spy(self, key, *args, **kwargs):
+        counter[(os.path.realpath(self.index.base_path), key)] += 1
+        return real(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(LazyTensorLoader, "get_tensor", spy)
+    return counter

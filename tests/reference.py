@@ -100,19 +100,23 @@ def reference_merge(
     alpha: float = 2.0,
     names: Optional[Sequence[str]] = None,
     rho: Optional[Mapping[Hashable, Optional[float]]] = None,
+    rho_scope: str = "model",
+    lambda_rule: str = "clip",
 ) -> Dict[str, torch.Tensor]:
     """Eq. 7 with the global rho of Eq. 2 (unless given per agent) and lambda of Eq. 6.
 
-    Returns float64 tensors for every named tensor."""
+    `rho_scope` "layer" / "tensor" counts rho per transformer block / per tensor
+    instead (see `reference_group`); `lambda_rule` "soft" is RAM+s (App. E):
+    lambda = 1 + r * rho / (1 + rho). Returns float64 tensors for every named tensor."""
     items = _items(agents)
     names = _names(base, names)
-    stats = reference_stats(base, agents, eps, names)
-    rhos = {}
-    for key, _ in items:
-        given = None if rho is None else rho.get(key)
-        rhos[key] = stats[key].rho if given is None else float(given)
+    group_rhos = reference_group_rhos(base, agents, eps, names, rho_scope)
     out = {}
     for name in names:
+        rhos = {}
+        for key, _ in items:
+            given = None if rho is None else rho.get(key)
+            rhos[key] = group_rhos[reference_group(name, rho_scope)][key] if given is None else float(given)
         rr = _value(r, name)
         b = base[name].to(torch.float64)
         taus = [task_vector(base[name], sd[name]) for _, sd in items]
@@ -127,13 +131,58 @@ def reference_merge(
         shared = count >= 2
         merged[shared] = b[shared] + total[shared] / count[shared]
         for (key, _), t, m in zip(items, taus, masks):
-            if rr == 0:
-                lam = 1.0
-            else:
-                lam = 1.0 + rr * min(max(rhos[key], 0.0), alpha)
+            lam = reference_lambda(rhos[key], rr, alpha, lambda_rule)
             only = m & (count == 1)
             merged[only] = b[only] + lam * t[only]
         out[name] = merged
+    return out
+
+
+def reference_lambda(rho: float, r: float, alpha: float, rule: str = "clip") -> float:
+    """Eq. 6 (`clip`: 1 + r * clip(rho, 0, alpha)) or RAM+s (`soft`: 1 + r * rho / (1 + rho),
+    which tends to 1 + r as rho -> inf)."""
+    if r == 0:
+        return 1.0
+    if rule == "clip":
+        return 1.0 + r * min(max(rho, 0.0), alpha)
+    if rule == "soft":
+        return 1.0 + r * (1.0 if math.isinf(rho) else rho / (1.0 + rho))
+    raise ValueError(rule)
+
+
+def reference_group(name: str, scope: str = "model") -> str:
+    """Which tensors share one rho: all of them (`model`), one transformer block
+    `...layers.<i>` (`layer`; a tensor outside the blocks is its own group), or
+    each tensor alone (`tensor`). Written for the test models' naming only."""
+    if scope == "model":
+        return ""
+    if scope == "tensor":
+        return name
+    if scope == "layer":
+        parts = name.split(".")
+        for i in range(len(parts) - 2):
+            if parts[i] == "layers" and parts[i + 1].isdigit():
+                return ".".join(parts[: i + 2])
+        return name
+    raise ValueError(scope)
+
+
+def reference_group_rhos(
+    base: Mapping[str, torch.Tensor],
+    agents: Agents,
+    eps: PerTensor = 1e-5,
+    names: Optional[Sequence[str]] = None,
+    scope: str = "model",
+) -> Dict[str, Dict[Hashable, float]]:
+    """group -> agent -> rho of Eq. 2 counted over the group's tensors only."""
+    names = _names(base, names)
+    groups: Dict[str, List[str]] = {}
+    for name in names:
+        groups.setdefault(reference_group(name, scope), []).append(name)
+    out = {}
+    for group, members in groups.items():
+        stats = reference_stats(base, agents, eps, members)
+        out[group] = {key: s.rho for key, s in stats.items()}
     return out
 
 

@@ -1,0 +1,472 @@
+"""What a `ramplus` merge publishes, and the options that shape it.
+
+* `ram_stats.json`: validated against the schema documented in mergekit_ram/report.py
+  and against the closed-form counts of the planted index sets (tests/models.py);
+* the model card: mergekit's own content kept, plus a "RAM+ statistics" section;
+* the output folder may not be an input folder;
+* `rho_scope: layer | tensor` and `lambda_rule: soft` through real merges against the
+  float64 reference (tests/reference.py);
+* misspelled or misplaced parameter names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+from importlib.metadata import version
+from pathlib import Path
+from typing import Dict
+
+import pytest
+import torch
+import yaml
+
+import models
+import reference as R
+from test_merge import config_text, inputs_of, no_weights_written, stats_by_path
+
+LOGGER = "mergekit_ram"
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+AGENT_KEYS = {
+    "model", "identity", "active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel",
+    "density", "unique_share", "shared_with_1_share", "shared_with_2plus_share", "rho_counted", "rho",
+    "rho_source", "lambda",
+}
+
+
+# ---------------------------------------------------------------- closed form
+
+
+def closed_form(family: models.Family, merged, epsilon: float = 1e-5):
+    """From the region sizes alone: per agent (active, unique, pair) per tensor, and totals
+    with shared = active - unique, shared_with_1 = pair (exactly one other agent)."""
+    per_tensor: Dict[str, Dict[str, list]] = {}
+    for name, regions in family.regions.items():
+        row = {a: [0, 0, 0] for a in merged}
+        for region, members in models.REGIONS.items():
+            size = regions[region].numel()
+            on = [a for a in merged if a in members and models.magnitude_of(members[a]) > epsilon]
+            for a in on:
+                row[a][0] += size
+                row[a][1] += size if len(on) == 1 else 0
+                row[a][2] += size if len(on) == 2 else 0
+        per_tensor[name] = row
+    numel = sum(t.numel() for t in family.base.values())
+    totals = {}
+    for a in merged:
+        active = sum(r[a][0] for r in per_tensor.values())
+        unique = sum(r[a][1] for r in per_tensor.values())
+        pair = sum(r[a][2] for r in per_tensor.values())
+        rho = (active - unique) / unique if unique else math.inf
+        totals[a] = dict(
+            active=active, unique=unique, shared=active - unique, shared_with_1=pair,
+            shared_with_2plus=active - unique - pair, numel=numel, density=active / numel, rho=rho,
+        )
+    return per_tensor, totals
+
+
+def strict_json(text: str):
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def read_stats(out: Path) -> dict:
+    return strict_json((out / "ram_stats.json").read_text(encoding="utf-8"))
+
+
+def number(value):
+    """A JSON rho/lambda back to a float ("inf" is the documented spelling of infinity)."""
+    return math.inf if value == "inf" else value
+
+
+def validate_schema(report: dict, *, counted: bool = True) -> None:
+    """The schema documented in mergekit_ram/report.py (format_version 1)."""
+    assert report["format"] == "mergekit-ram/ram_stats"
+    assert report["format_version"] == 1
+    assert report["method"] == "ramplus"
+    params = report["parameters"]
+    assert set(params) == {"epsilon", "r", "alpha", "rho_scope", "lambda_rule"}
+    assert all(isinstance(params[k], (int, float)) and params[k] >= 0 for k in ("epsilon", "r", "alpha"))
+    assert params["rho_scope"] in ("model", "layer", "tensor")
+    assert params["lambda_rule"] in ("clip", "soft")
+    assert isinstance(report["per_tensor_parameters"], dict)
+    assert report["statistics"] in ("computed", "cache", "not computed")
+    assert report["versions"] == {
+        "mergekit": version("mergekit"), "mergekit-ram": version("mergekit-ram"), "torch": version("torch"),
+    }
+    assert isinstance(report["base_model"]["model"], str)
+    assert HEX64.match(report["base_model"]["identity"]["content_id"])
+    assert report["agents"], "no agents"
+    for row in report["agents"]:
+        assert HEX64.match(row["identity"]["content_id"]), row["model"]
+        if counted:
+            assert set(row) == AGENT_KEYS, sorted(set(row) ^ AGENT_KEYS)
+            for key in ("active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel"):
+                assert isinstance(row[key], int) and row[key] >= 0, key
+            assert row["active"] == row["shared"] + row["unique"]
+            assert row["shared"] == row["shared_with_1"] + row["shared_with_2plus"]
+            for key in ("density", "unique_share", "shared_with_1_share", "shared_with_2plus_share"):
+                assert isinstance(row[key], float) and 0 <= row[key] <= 1, key
+            assert row["rho_source"] in ("counted", "given")
+            assert row["rho_counted"] == "inf" or isinstance(row["rho_counted"], float)
+        assert row["rho"] is None or row["rho"] == "inf" or isinstance(row["rho"], float)
+        assert row["lambda"] is None or isinstance(row["lambda"], float)
+    assert ("rho_by_group" in report) == (counted and params["rho_scope"] != "model")
+    for t in report["tensors"]:
+        assert set(t) == {"name", "numel", "epsilon", "counts"}
+        for row in t["counts"].values():
+            assert len(row) == 3 and all(isinstance(x, int) and 0 <= x <= t["numel"] for x in row), t["name"]
+    if not counted:
+        assert report["tensors"] == []
+
+
+# ---------------------------------------------------------------- ram_stats.json
+
+
+def test_ram_stats_json_schema_and_closed_form(merged, qwen_bf16):
+    run = merged(config_text(qwen_bf16, "ABC"))
+    text = (run.out / "ram_stats.json").read_text(encoding="utf-8")
+    report = strict_json(text)
+    assert "Infinity" not in text and "NaN" not in text
+    validate_schema(report)
+    assert report["statistics"] == "computed"
+    assert report["parameters"] == {"epsilon": 1e-5, "r": 0.1, "alpha": 2.0, "rho_scope": "model", "lambda_rule": "clip"}
+    assert report["per_tensor_parameters"] == {}
+    assert report["base_model"]["model"] == qwen_bf16.path("base")
+
+    per_tensor, totals = closed_form(qwen_bf16.family, "ABC")
+    rows = {row["model"]: row for row in report["agents"]}
+    assert set(rows) == {qwen_bf16.path(a) for a in "ABC"}
+    for agent, want in totals.items():
+        row = rows[qwen_bf16.path(agent)]
+        for key in ("active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel"):
+            assert row[key] == want[key], (agent, key)
+        assert row["density"] == pytest.approx(want["density"], rel=1e-12)
+        assert (row["unique_share"], row["shared_with_1_share"], row["shared_with_2plus_share"]) == pytest.approx(
+            (want["unique"] / want["active"], want["shared_with_1"] / want["active"], want["shared_with_2plus"] / want["active"])
+        )
+        assert number(row["rho"]) == pytest.approx(want["rho"]) and row["rho"] == row["rho_counted"]
+        assert row["rho_source"] == "counted"
+        assert row["lambda"] == pytest.approx(1 + 0.1 * min(want["rho"], 2.0))
+    assert rows[qwen_bf16.path("C")]["rho"] == "inf" and rows[qwen_bf16.path("C")]["lambda"] == pytest.approx(1.2)
+    # the same numbers the pre-pass handed to the merge
+    assert {r["model"]: (r["active"], r["shared"], r["unique"]) for r in report["agents"]} == stats_by_path(run.stats)
+
+    # per tensor: every stored tensor once, the closed form, summing to the totals
+    names = [t["name"] for t in report["tensors"]]
+    assert sorted(names) == sorted(qwen_bf16.family.base) and len(set(names)) == len(names)
+    for t in report["tensors"]:
+        assert t["numel"] == qwen_bf16.family.base[t["name"]].numel()
+        assert t["epsilon"] == 1e-5
+        assert t["counts"] == {qwen_bf16.path(a): per_tensor[t["name"]][a] for a in "ABC"}, t["name"]
+    for agent, want in totals.items():
+        path = qwen_bf16.path(agent)
+        assert sum(t["counts"][path][0] for t in report["tensors"]) == want["active"]
+        assert sum(t["counts"][path][1] for t in report["tensors"]) == want["unique"]
+        assert sum(t["counts"][path][2] for t in report["tensors"]) == want["shared_with_1"]
+    assert sum(t["numel"] for t in report["tensors"]) == totals["A"]["numel"]
+
+
+def test_content_ids_tell_inputs_apart_and_ignore_where_they_live(merged, qwen_bf16, tmp_path):
+    from mergekit_ram import cache, report
+
+    stats = read_stats(merged(config_text(qwen_bf16, "ABC")).out)
+    ids = [stats["base_model"]["identity"]["content_id"]] + [a["identity"]["content_id"] for a in stats["agents"]]
+    assert len(set(ids)) == 4
+    # a copy elsewhere (other path, mtimes, inodes) has the same content id
+    copy = tmp_path / "copy-of-A"
+    shutil.copytree(qwen_bf16.paths["A"], copy)
+    os.utime(copy / "model.safetensors", (1_000_000_000, 1_000_000_000))
+    same = report.public_identity(cache.folder_identity(str(copy)))
+    assert same == next(a for a in stats["agents"] if a["model"] == qwen_bf16.path("A"))["identity"]
+    # a Hugging Face hub snapshot folder also names its revision
+    snapshot = tmp_path / "models--org--agent-a" / "snapshots" / "0123abcd"
+    shutil.copytree(qwen_bf16.paths["A"], snapshot)
+    hub = report.public_identity(cache.folder_identity(str(snapshot)))
+    assert hub == {"content_id": same["content_id"], "revision": "0123abcd"}
+
+
+def test_given_rho_is_reported_as_given(run_yaml, qwen_bf16):
+    run = run_yaml(config_text(qwen_bf16, "AB", model_parameters={"A": "rho: 0.5"}))
+    report = read_stats(run.out)
+    validate_schema(report)
+    _, totals = closed_form(qwen_bf16.family, "AB")
+    rows = {row["model"]: row for row in report["agents"]}
+    a, b = rows[qwen_bf16.path("A")], rows[qwen_bf16.path("B")]
+    assert a["rho"] == 0.5 and a["rho_source"] == "given" and a["lambda"] == pytest.approx(1.05)
+    assert a["rho_counted"] == pytest.approx(totals["A"]["rho"])
+    assert b["rho_source"] == "counted" and b["rho"] == pytest.approx(totals["B"]["rho"])
+
+
+# ---------------------------------------------------------------- model card
+
+
+def split_card(text: str):
+    assert text.startswith("---\n"), text[:80]
+    end = text.index("\n---\n", 4)
+    return yaml.safe_load(text[4:end]), text[end + 5 :]
+
+
+def card_table(body: str, header: str):
+    """Rows (lists of cells) of the markdown table that starts with `header`."""
+    lines = body.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_model_card_keeps_mergekit_content_and_adds_statistics(merged, qwen_bf16):
+    run = merged(config_text(qwen_bf16, "ABC"))
+    meta, body = split_card((run.out / "README.md").read_text(encoding="utf-8"))
+    # mergekit's own card: metadata, method, models, config block
+    assert {"base_model", "tags", "library_name"} <= set(meta)
+    assert {"mergekit", "merge"} <= set(meta["tags"])
+    assert "This is a merge of pre-trained language models created using [mergekit]" in body
+    for agent in "ABC":
+        assert f"* {qwen_bf16.path(agent)}" in body
+    config_block = re.search(r"```yaml\n(.*?)```", body, re.S)
+    assert config_block and yaml.safe_load(config_block.group(1))["merge_method"] == "ramplus"
+    # then exactly one RAM+ section, after mergekit's configuration
+    assert body.count("## RAM+ statistics") == 1
+    assert body.index("## RAM+ statistics") > body.index("### Configuration") > 0
+    assert body.index("## RAM+ statistics") > config_block.end()
+    section = body[body.index("## RAM+ statistics") :]
+    assert f"[mergekit-ram](https://pypi.org/project/mergekit-ram/) {version('mergekit-ram')}" in section
+    assert f"mergekit {version('mergekit')}" in section and f"torch {version('torch')}" in section
+    assert "ε = 1e-05, r = 0.1, α = 2, λ rule `clip`" in section
+    assert "not computed" not in section
+
+    _, totals = closed_form(qwen_bf16.family, "ABC")
+    rows = card_table(section, "| agent |")
+    assert [r[0] for r in rows] == [a["model"] for a in read_stats(run.out)["agents"]]
+    assert sorted(r[0] for r in rows) == sorted(qwen_bf16.path(a) for a in "ABC")
+    for row in rows:
+        want = totals[Path(row[0]).name]
+        active = want["active"]
+        assert row[1:] == [
+            f"{100 * want['density']:.2f}%",
+            f"{100 * want['unique'] / active:.2f}%",
+            f"{100 * want['shared_with_1'] / active:.2f}%",
+            f"{100 * want['shared_with_2plus'] / active:.2f}%",
+            "inf" if math.isinf(want["rho"]) else f"{want['rho']:.4g}",
+            f"{1 + 0.1 * min(want['rho'], 2.0):.4f}",
+        ], row[0]
+    inputs = card_table(section, "| role | model | identity |")
+    report = read_stats(run.out)
+    expected = [["base", qwen_bf16.path("base"), f"content id `{report['base_model']['identity']['content_id'][:16]}`"]]
+    expected += [["agent", a["model"], f"content id `{a['identity']['content_id'][:16]}`"] for a in report["agents"]]
+    assert inputs == expected
+    assert "ram_stats.json" in section
+
+
+def test_r_zero_card_says_not_computed_but_lists_inputs(run_yaml, qwen_bf16):
+    run = run_yaml(config_text(qwen_bf16, "ABC", parameters="r: 0"))
+    assert run.count_calls == 0
+    report = read_stats(run.out)
+    validate_schema(report, counted=False)
+    assert report["statistics"] == "not computed"
+    assert all(a["lambda"] == 1.0 and a["rho"] is None and a["rho_source"] is None for a in report["agents"])
+    _, body = split_card((run.out / "README.md").read_text(encoding="utf-8"))
+    section = body[body.index("## RAM+ statistics") :]
+    assert "Statistics were not computed" in section
+    rows = card_table(section, "| agent |")
+    assert sorted(r[0] for r in rows) == sorted(qwen_bf16.path(a) for a in "ABC")
+    assert all(r[1] == "—" and r[-1] == "1.0000" for r in rows)
+    inputs = card_table(section, "| role | model | identity |")
+    assert [r[:2] for r in inputs] == [["base", qwen_bf16.path("base")]] + [["agent", a["model"]] for a in report["agents"]]
+    assert all(r[2].startswith("content id `") for r in inputs)
+
+
+def test_no_model_card_still_writes_ram_stats(run_yaml, qwen_bf16):
+    run = run_yaml(config_text(qwen_bf16, "AB"), write_model_card=False)
+    assert "README.md" not in run.files and "ram_stats.json" in run.files
+    validate_schema(read_stats(run.out))
+
+
+# ---------------------------------------------------------------- output folder
+
+
+def _tree(folder: Path):
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        st = p.lstat()
+        out[str(p.relative_to(folder))] = (
+            st.st_mtime_ns,
+            hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None,
+        )
+    return out
+
+
+@pytest.mark.parametrize("where", ["agent", "inside-agent", "base", "symlink-to-agent"])
+def test_output_into_an_input_folder_is_refused_before_writing(run_yaml, qwen_bf16, tmp_path, where):
+    root = tmp_path / "models"
+    copies = {}
+    for who in ("base", "A", "B"):
+        shutil.copytree(qwen_bf16.paths[who], root / who, copy_function=shutil.copy2)
+        copies[who] = (root / who).resolve()
+
+    class W:
+        family = qwen_bf16.family
+
+        @staticmethod
+        def path(who):
+            return str(copies[who])
+
+    out = {
+        "agent": copies["A"],
+        "inside-agent": copies["A"] / "merged",
+        "base": copies["base"],
+        "symlink-to-agent": tmp_path / "link",
+    }[where]
+    if where == "symlink-to-agent":
+        out.symlink_to(copies["A"], target_is_directory=True)
+    before = {who: _tree(p) for who, p in copies.items()}
+    with pytest.raises(ValueError, match="inside the input model") as info:
+        run_yaml(config_text(W, "AB"), out=out)
+    assert "Choose another output folder" in str(info.value)
+    assert {who: _tree(p) for who, p in copies.items()} == before
+    assert not (copies["A"] / "merged").exists()
+
+
+# ---------------------------------------------------------------- rho_scope and lambda_rule
+
+
+def _reference_run(run, written, agents, *, eps=1e-5, r=0.1, alpha=2.0, rho_scope="model", lambda_rule="clip"):
+    base, agent_sds = inputs_of(written, agents)
+    names = list(base)
+    ref = R.reference_merge(
+        base, agent_sds, eps, r, alpha, names=names, rho_scope=rho_scope, lambda_rule=lambda_rule
+    )
+    assert set(run.tensors) == set(names)
+    R.assert_state_dict_matches(run.tensors, ref, R.reference_magnitudes(base, agent_sds, names))
+    return base, agent_sds, ref
+
+
+@pytest.mark.parametrize(
+    "rho_scope, lambda_rule, r",
+    [("layer", "clip", 0.3), ("tensor", "clip", 0.3), ("model", "soft", 0.5), ("layer", "soft", 0.5)],
+)
+def test_rho_scope_and_lambda_rule_match_reference(merged, run_yaml, qwen_bf16, rho_scope, lambda_rule, r):
+    agents = "ABC"
+    params = f"r: {r}\nrho_scope: {rho_scope}\nlambda_rule: {lambda_rule}"
+    run = run_yaml(config_text(qwen_bf16, agents, parameters=params))
+    base, agent_sds, ref = _reference_run(run, qwen_bf16, agents, r=r, rho_scope=rho_scope, lambda_rule=lambda_rule)
+
+    # the scope / rule matters: the plain RAM+ merge with this r differs
+    plain = R.reference_merge(base, agent_sds, 1e-5, r, 2.0, names=list(base))
+    assert any(not torch.equal(ref[n].to(torch.bfloat16), plain[n].to(torch.bfloat16)) for n in ref)
+
+    report = read_stats(run.out)
+    validate_schema(report)
+    assert report["parameters"]["rho_scope"] == rho_scope and report["parameters"]["lambda_rule"] == lambda_rule
+    _, totals = closed_form(qwen_bf16.family, agents)
+    for row in report["agents"]:  # whole-model rho; lambda by the rule
+        rho = totals[Path(row["model"]).name]["rho"]
+        assert number(row["rho"]) == pytest.approx(rho)
+        want = 1 + r * (1.0 if math.isinf(rho) else rho / (1 + rho)) if lambda_rule == "soft" else 1 + r * min(rho, 2.0)
+        assert row["lambda"] == pytest.approx(want)
+    if rho_scope != "model":
+        groups = R.reference_group_rhos(base, agent_sds, 1e-5, list(base), rho_scope)
+        assert set(report["rho_by_group"]) == set(groups)
+        for group, rhos in groups.items():
+            got = {a: number(v) for a, v in report["rho_by_group"][group].items()}
+            assert got == pytest.approx(rhos), group
+    if rho_scope == "layer":
+        # blocks are groups; embeddings, final norm and lm_head each stand alone
+        assert set(report["rho_by_group"]) == {
+            "model.layers.0", "model.layers.1", "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"
+        }
+    if lambda_rule == "soft":
+        c = next(row for row in report["agents"] if row["model"] == qwen_bf16.path("C"))
+        assert c["rho"] == "inf" and c["lambda"] == pytest.approx(1 + r)
+
+
+def test_rho_per_tensor_with_epsilon_zero_has_no_nan(run_yaml, qwen_bf16):
+    """Z is identical to the base and many small tensors have agents with no
+    unique (or no active) entry: 0/0 per tensor must not become NaN."""
+    agents = "ABCZ"
+    run = run_yaml(config_text(qwen_bf16, agents, parameters="epsilon: 0\nrho_scope: tensor"))
+    for name, t in run.tensors.items():
+        assert bool(torch.isfinite(t).all()), name
+    _reference_run(run, qwen_bf16, agents, eps=0.0, rho_scope="tensor")
+    report = read_stats(run.out)
+    z = qwen_bf16.path("Z")
+    assert all(number(g[z]) == math.inf for g in report["rho_by_group"].values())
+    # mergekit's tensor-local ramplus_tl turns exactly this into NaN
+    theirs = run_yaml(config_text(qwen_bf16, agents, method="ramplus_tl", parameters="epsilon: 0"))
+    assert any(bool(torch.isnan(t).any()) for t in theirs.tensors.values())
+
+
+# ---------------------------------------------------------------- parameter names
+
+
+def _check(text: str):
+    from mergekit.config import MergeConfiguration
+
+    from mergekit_ram import prepass
+
+    prepass.check_config(MergeConfiguration.model_validate(yaml.safe_load(text)))
+
+
+def test_misspelled_top_level_parameter_fails_before_reading(run_yaml, qwen_bf16, tmp_path, monkeypatch):
+    from mergekit_ram import kernel
+
+    monkeypatch.setattr(kernel, "count", lambda *a, **k: pytest.fail("the pre-pass ran"))
+    with pytest.raises(ValueError) as info:
+        run_yaml(config_text(qwen_bf16, "AB", parameters="alhpa: 3"), out=tmp_path)
+    message = str(info.value)
+    assert "'alhpa'" in message and "did you mean 'alpha'" in message
+    no_weights_written(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "parameters, model_parameters, wanted",
+    [
+        ("epsilom: 1e-5", None, "did you mean 'epsilon'"),
+        ("rho_scop: layer", None, "did you mean 'rho_scope'"),
+        ("", {"A": "rhoo: 1"}, "did you mean 'rho'"),
+        ("", {"B": "r: 0.5"}, "shared by all models"),
+        ("", {"A": "alpha: 1"}, "shared by all models"),
+    ],
+)
+def test_misspelled_or_misplaced_parameters(qwen_bf16, parameters, model_parameters, wanted):
+    with pytest.raises(ValueError, match=re.escape(wanted)) as info:
+        _check(config_text(qwen_bf16, "AB", parameters=parameters, model_parameters=model_parameters))
+    key = (parameters or next(iter(model_parameters.values()))).split(":")[0]
+    assert f"'{key}'" in str(info.value)
+
+
+def test_per_model_r_is_refused_by_a_real_merge(run_yaml, qwen_bf16, tmp_path):
+    with pytest.raises(ValueError) as info:
+        run_yaml(config_text(qwen_bf16, "AB", model_parameters={"B": "r: 0.5"}), out=tmp_path)
+    message = str(info.value)
+    assert "'r'" in message and "shared by all models" in message and "ignores it" in message
+    assert qwen_bf16.path("B") in message
+    no_weights_written(tmp_path)
+
+
+def test_unrelated_parameter_warns_and_merges(merged, run_yaml, qwen_bf16, caplog):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    run = run_yaml(config_text(qwen_bf16, "ABC", parameters="normalize: true"))
+    warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
+    assert any("'normalize'" in m and "not a ramplus parameter" in m for m in warnings), warnings
+    reference = merged(config_text(qwen_bf16, "ABC"))
+    for name in reference.tensors:
+        assert torch.equal(run.tensors[name], reference.tensors[name]), name
+
+
+def test_rho_per_model_is_accepted_silently(qwen_bf16, caplog):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    _check(config_text(qwen_bf16, "AB", parameters="r: 0.2\nalpha: 1", model_parameters={"A": "rho: 2", "B": "rho: .inf"}))
+    assert not [r for r in caplog.records if r.name == LOGGER], [r.getMessage() for r in caplog.records]

@@ -1,0 +1,231 @@
+"""`mergekit-ram inspect CONFIG [--json F] [--plot F.png]`: the pre-pass alone.
+
+In-process through `mergekit_ram.cli.main` (capsys) on the planted index sets
+(closed-form counts), once as the installed console script.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import models
+from test_artifacts import closed_form, strict_json, validate_schema
+from test_merge import config_text
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_config(tmp_path: Path, text: str, name: str = "config.yml") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def inspect(capsys, *args) -> tuple:
+    from mergekit_ram import cli
+
+    capsys.readouterr()
+    code = cli.main(["inspect", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def table_rows(out: str) -> dict:
+    """agent label -> cells of the printed table (columns are separated by 2+ spaces)."""
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("agent "))
+    rows = {}
+    for line in lines[head + 2 :]:
+        if not line.strip() or line.startswith("base:"):
+            break
+        cells = [c for c in line.split("  ") if c.strip()]
+        rows[cells[0].strip()] = [c.strip() for c in cells[1:]]
+    return lines[head], rows
+
+
+def check_rows(rows: dict, totals: dict, lam) -> None:
+    assert set(rows) == set(totals)
+    for agent, want in totals.items():
+        active, density, unique, one, many, rho, lam_cell = rows[agent]
+        assert active == f"{want['active']:,}"
+        assert density == f"{100 * want['density']:.2f}%"
+        assert unique == f"{100 * want['unique'] / want['active']:.1f}%"
+        assert one == f"{100 * want['shared_with_1'] / want['active']:.1f}%"
+        assert many == f"{100 * want['shared_with_2plus'] / want['active']:.1f}%"
+        assert rho == ("inf" if math.isinf(want["rho"]) else f"{want['rho']:.4g}")
+        assert lam_cell == f"{lam(want['rho']):.4f}", agent
+
+
+# ---------------------------------------------------------------- the report
+
+
+def test_inspect_table_json_and_plot(merged, qwen_bf16, tmp_path, capsys):
+    text = config_text(qwen_bf16, "ABC")
+    cfg = write_config(tmp_path, text)
+    js, png = tmp_path / "stats.json", tmp_path / "plot.png"
+    code, out, err = inspect(capsys, cfg, "--json", js, "--plot", png)
+    assert code == 0, err
+    _, totals = closed_form(qwen_bf16.family, "ABC")
+    head, rows = table_rows(out)
+    assert "lambda (r=0.1, alpha=2)" in head
+    check_rows(rows, totals, lambda rho: 1 + 0.1 * min(rho, 2.0))
+    assert "(computed; rho per model)" in out
+    assert f"base: {qwen_bf16.path('base')}; {sum(t.numel() for t in qwen_bf16.family.base.values()):,} parameters" in out
+    assert "warning" not in err
+
+    # JSON: the ram_stats.json of a real merge of the same config
+    report = strict_json(js.read_text(encoding="utf-8"))
+    validate_schema(report)
+    merge_report = strict_json((merged(text).out / "ram_stats.json").read_text(encoding="utf-8"))
+    assert report == merge_report
+
+    # PNG: valid, decodable, not a blank postage stamp
+    data = png.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 5_000
+    import matplotlib.image
+
+    image = matplotlib.image.imread(str(png))
+    assert image.ndim == 3 and image.shape[0] >= 150 and image.shape[1] >= 300
+    assert float(image[..., :3].std()) > 0.05  # heat maps, not a flat picture
+
+
+def test_inspect_other_r_alpha_and_rule(qwen_bf16, tmp_path, capsys):
+    cfg = write_config(tmp_path, config_text(qwen_bf16, "ABC"))
+    _, totals = closed_form(qwen_bf16.family, "ABC")
+    js = tmp_path / "s.json"
+    code, out, err = inspect(capsys, cfg, "--r", "0.2", "--alpha", "1", "--json", js)
+    assert code == 0, err
+    head, rows = table_rows(out)
+    assert "lambda (r=0.2, alpha=1)" in head
+    check_rows(rows, totals, lambda rho: 1 + 0.2 * min(rho, 1.0))
+    report = json.loads(js.read_text())
+    assert report["parameters"]["r"] == 0.2 and report["parameters"]["alpha"] == 1
+    for row in report["agents"]:
+        assert row["lambda"] == pytest.approx(1 + 0.2 * min(totals[Path(row["model"]).name]["rho"], 1.0))
+    # A's rho (1.44) is below the paper's alpha but above 1: the clip shows
+    assert totals["A"]["rho"] > 1 and rows["A"][-1] == "1.2000"
+
+    code, out, err = inspect(capsys, cfg, "--r", "0.3", "--lambda-rule", "soft")
+    assert code == 0, err
+    head, rows = table_rows(out)
+    assert "lambda (soft, r=0.3)" in head
+    check_rows(rows, totals, lambda rho: 1 + 0.3 * (1 if math.isinf(rho) else rho / (1 + rho)))
+
+
+def test_inspect_then_merge_reads_weights_once(run_yaml, qwen_bf16, tmp_path, capsys, monkeypatch, tensor_reads):
+    monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(tmp_path / "cache"))
+    text = config_text(qwen_bf16, "ABC")
+    cfg = write_config(tmp_path, text)
+    code, out, err = inspect(capsys, cfg)
+    assert code == 0, err
+    assert "(computed;" in out
+    assert set(tensor_reads.values()) == {1}  # inspect reads each tensor once, to count it
+
+    code, out, err = inspect(capsys, cfg)
+    assert code == 0 and "(cache;" in out
+
+    tensor_reads.clear()
+    run = run_yaml(text)
+    assert run.count_calls == 0, "the merge counted again after inspect"
+    assert set(tensor_reads.values()) == {1} and len(tensor_reads) == 4 * len(qwen_bf16.family.base)
+    assert json.loads((run.out / "ram_stats.json").read_text())["statistics"] == "cache"
+
+
+# ---------------------------------------------------------------- warnings and errors
+
+
+def test_dense_agent_warns_on_stderr(qwen_bf16, tmp_path, capsys):
+    fam = qwen_bf16.family
+    dense = {k: (v.double() + 0.03).to(v.dtype) for k, v in fam.base.items()}
+    path = models.write_checkpoint(tmp_path / "SFT", models.make_config("qwen2", False, torch.bfloat16), dense).resolve()
+    text = config_text(qwen_bf16, "A").replace("models:\n", f"models:\n  - model: {path}\n", 1)
+    cfg = write_config(tmp_path, text)
+    js = tmp_path / "s.json"
+    code, out, err = inspect(capsys, cfg, "--json", js)
+    assert code == 0, err
+    density = next(a["density"] for a in json.loads(js.read_text())["agents"] if a["model"] == str(path))
+    assert density > 0.9
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, err
+    assert warnings[0].startswith(f"warning: SFT changes {100 * density:.1f}% of the weights")
+    assert "SFT" in table_rows(out)[1]
+
+
+def test_no_base_model_exits_2_with_one_line(qwen_bf16, tmp_path, capsys):
+    text = "merge_method: ramplus\ndtype: bfloat16\nmodels:\n" + "".join(
+        f"  - model: {qwen_bf16.path(a)}\n" for a in ("base", "A", "B")
+    )
+    code, out, err = inspect(capsys, write_config(tmp_path, text))
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("mergekit-ram inspect: error:") and "base_model" in lines[0]
+
+
+def test_missing_config_file_exits_2(tmp_path, capsys):
+    code, out, err = inspect(capsys, tmp_path / "nope.yml")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [f"mergekit-ram inspect: error: no such config file: {tmp_path / 'nope.yml'}"]
+
+
+def test_non_ramplus_config_is_inspected(qwen_bf16, tmp_path, capsys):
+    text = config_text(
+        qwen_bf16, "ABC", method="task_arithmetic", model_parameters={a: "weight: 1.0" for a in "ABC"}
+    )
+    js = tmp_path / "s.json"
+    code, out, err = inspect(capsys, write_config(tmp_path, text), "--json", js)
+    assert code == 0, err
+    _, totals = closed_form(qwen_bf16.family, "ABC")
+    check_rows(table_rows(out)[1], totals, lambda rho: 1 + 0.1 * min(rho, 2.0))
+    report = json.loads(js.read_text())
+    assert report["method"] == "ramplus"
+    assert {a["model"]: a["active"] for a in report["agents"]} == {qwen_bf16.path(a): totals[a]["active"] for a in "ABC"}
+
+
+@pytest.mark.parametrize("flag, value", [("--r", "-1"), ("--alpha", "inf"), ("--r", "nan")])
+def test_invalid_r_or_alpha_exits_2(qwen_bf16, tmp_path, capsys, flag, value):
+    code, out, err = inspect(capsys, write_config(tmp_path, config_text(qwen_bf16, "AB")), flag, value, "-q")
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mergekit-ram inspect: error: {flag} must be a finite number >= 0")
+
+
+def test_invalid_r_is_rejected_before_reading_weights(qwen_bf16, tmp_path, capsys, monkeypatch):
+    from mergekit_ram import kernel
+
+    def refuse(*_a, **_k):
+        raise AssertionError("counted tensors before validating --r")
+
+    monkeypatch.setattr(kernel, "count", refuse)
+    code, _, err = inspect(capsys, write_config(tmp_path, config_text(qwen_bf16, "AB")), "--r", "-1")
+    assert code == 2 and "--r must be" in err
+
+
+# ---------------------------------------------------------------- console script
+
+
+def test_console_script(qwen_bf16, tmp_path, capsys):
+    exe = Path(sys.executable).parent / "mergekit-ram"
+    if not exe.exists():
+        pytest.skip("the mergekit-ram console script is not installed next to this interpreter")
+    cfg = write_config(tmp_path, config_text(qwen_bf16, "AB"))
+    env = {**os.environ, "MERGEKIT_RAM_CACHE": "off", "MERGEKIT_RAM_NATIVE": "0"}  # no kernel build on the way
+    done = subprocess.run(
+        [str(exe), "inspect", cfg, "--json", str(tmp_path / "cli.json"), "-q"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, totals = closed_form(qwen_bf16.family, "AB")
+    check_rows(table_rows(done.stdout)[1], totals, lambda rho: 1 + 0.1 * min(rho, 2.0))
+    code, _, err = inspect(capsys, cfg, "--json", tmp_path / "inproc.json")
+    assert code == 0, err
+    assert json.loads((tmp_path / "cli.json").read_text()) == json.loads((tmp_path / "inproc.json").read_text())
