@@ -77,8 +77,7 @@ static inline void store_f16(_Float16 *p, int64_t i, float x) { p[i] = (_Float16
 #define DEFINE_MERGE(NAME, T, ONAME, O)                                                \
     int merge_##NAME##_##ONAME(const T *base, const T *const *agents, int n,           \
                                const float *lambdas, float eps, int64_t len, O *out) { \
-        float b[BLOCK], total[BLOCK], scaled[BLOCK];                                   \
-        uint8_t hits[BLOCK];                                                           \
+        float b[BLOCK], total[BLOCK], scaled[BLOCK], hits[BLOCK];                      \
         int bad = 0;                                                                   \
         for (int64_t s = 0; s < len; s += BLOCK) {                                     \
             int k = (len - s) < BLOCK ? (int)(len - s) : BLOCK;                        \
@@ -86,7 +85,7 @@ static inline void store_f16(_Float16 *p, int64_t i, float x) { p[i] = (_Float16
                 b[i] = load_##NAME(base, s + i);                                       \
                 total[i] = 0.0f;                                                       \
                 scaled[i] = 0.0f;                                                      \
-                hits[i] = 0;                                                           \
+                hits[i] = 0.0f;                                                        \
             }                                                                          \
             for (int t = 0; t < n; t++) {                                              \
                 const T *a = agents[t] + s;                                            \
@@ -99,11 +98,11 @@ static inline void store_f16(_Float16 *p, int64_t i, float x) { p[i] = (_Float16
                     float kept = on ? d : 0.0f;                                        \
                     total[i] += kept;                                                  \
                     scaled[i] += lam * kept;                                           \
-                    hits[i] += on;                                                     \
+                    hits[i] += on ? 1.0f : 0.0f;                                       \
                 }                                                                      \
             }                                                                          \
             for (int i = 0; i < k; i++) {                                              \
-                float c = (float)hits[i];                                              \
+                float c = hits[i];                                                     \
                 float mean = total[i] / fmaxf(c, 1.0f);                                \
                 total[i] = b[i] + (c == 1.0f ? scaled[i] : mean);                      \
             }                                                                          \
