@@ -242,7 +242,7 @@ def _check_output(config, out_path: str) -> None:
                 )
 
 
-def run(planner, *, force: bool = False) -> Optional[Dict[str, statistics.AgentStats]]:
+def run(planner) -> Optional[Dict[str, statistics.AgentStats]]:
     """Count (or load), reduce to rho per scope, inject into the planned tasks.
 
     Returns per-agent whole-model stats, or None when no statistics were needed
@@ -260,7 +260,7 @@ def run(planner, *, force: bool = False) -> Optional[Dict[str, statistics.AgentS
         for model in _agents(task)
         if task.input_parameters[model].get("rho") is None
     }
-    stats, source = _statistics(planner, tasks, compute=bool(needs) or force)
+    stats, source = _statistics(planner, tasks, compute=bool(needs))
     if not needs:
         LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")
     if stats is not None:
