@@ -304,11 +304,12 @@ def machine(args) -> dict:
 
 
 def sources_digest() -> str:
-    """Fingerprint of mergekit_ram's source files: the working tree may change during a benchmark."""
+    """Fingerprint of mergekit_ram's source files (Python and C): the working tree may change during a benchmark."""
     import mergekit_ram
 
     digest = hashlib.sha256()
-    for f in sorted(Path(mergekit_ram.__file__).parent.glob("*.py")):
+    folder = Path(mergekit_ram.__file__).parent
+    for f in sorted([*folder.glob("*.py"), *folder.glob("*.c")]):
         digest.update(f.name.encode() + f.read_bytes())
     return digest.hexdigest()[:16]
 

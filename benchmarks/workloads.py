@@ -47,11 +47,11 @@ WORKLOADS: dict[str, dict] = {
 }
 #: Scaling series: model size at fixed layers/vocab/N, and N at fixed size.
 SCALING: dict[str, list[str]] = {"size": [], "agents": []}
-for _h in (256, 512, 768, 1024):
+for _h in (256, 512, 1024, 1536, 2048):
     WORKLOADS[f"S{_h}"] = spec(hidden=_h, layers=6, vocab=16000)
     SCALING["size"].append(f"S{_h}")
 for _n in (2, 3, 4, 6, 8):
-    WORKLOADS[f"N{_n}"] = spec(hidden=512, layers=6, vocab=16000, agents=_n)
+    WORKLOADS[f"N{_n}"] = spec(hidden=2048, layers=6, vocab=16000, agents=_n)
     SCALING["agents"].append(f"N{_n}")
 
 
