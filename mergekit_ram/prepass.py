@@ -48,7 +48,7 @@ _TASK_FIELDS = (
 )
 _MARK = "__mergekit_ram_prepass__"
 _unavailable: Optional[str] = None
-_reports: Dict[int, Tuple[Any, dict]] = {}  # id(config) -> (config, report), for the model card
+_card_report: Optional[Tuple[Any, dict]] = None  # (config, report) of the merge being planned, for its card
 
 
 class IncompatibleMergekit(RuntimeError):
@@ -105,11 +105,12 @@ def install_card() -> None:
         return
 
     def generate_card(config, *args, **kwargs):
+        global _card_report
         card = current(config, *args, **kwargs)
-        config_and_report = _reports.pop(id(config), None)
-        if config_and_report is None or config_and_report[0] is not config:
+        pending, _card_report = _card_report, None
+        if pending is None or pending[0] is not config:
             return card
-        return card.rstrip("\n") + "\n\n" + report.card_section(config_and_report[1])
+        return card.rstrip("\n") + "\n\n" + report.card_section(pending[1])
 
     _mark(generate_card, current)
     merge.generate_card = generate_card
@@ -142,6 +143,7 @@ def _plan(original, planner) -> None:
 
 
 def _plan_to_disk(original, planner, out_path: str):
+    global _card_report
     ours = _is_ours(planner.config.merge_method)
     if ours:
         _check_output(planner.config, out_path)
@@ -151,8 +153,7 @@ def _plan_to_disk(original, planner, out_path: str):
         from mergekit.io.tasks import FinalizeModel
 
         finalize = next(t for t in tasks if isinstance(t, FinalizeModel))
-        _reports.clear()  # one merge at a time: never let an old report reach a card
-        _reports[id(planner.config)] = (planner.config, found)
+        _card_report = (planner.config, found)  # one merge at a time: an older report never reaches a card
         tasks.append(WriteStatistics(out_path=out_path, payload=report.dumps(found), after=finalize))
     return tasks
 
@@ -533,7 +534,7 @@ class WriteStatistics(Task[None]):
         os.replace(tmp, os.path.join(self.out_path, STATS_FILE))
 
 
-def inspect_config(config, options, *, force: bool = True):
+def inspect_config(config, options):
     """Plan `config` as ramplus and return (report, Statistics) without merging."""
     from mergekit.architecture import get_architecture_info
     from mergekit.io.tasks import LoaderCache
@@ -558,5 +559,5 @@ def inspect_config(config, options, *, force: bool = True):
         raise ValueError("nothing to inspect: the config plans no tensor")
     tasks = [t for _, t in planned]
     _warn_stored_dtypes(planner, tasks[0])
-    stats, source = _statistics(planner, tasks, compute=force)
+    stats, source = _statistics(planner, tasks, compute=True)
     return report.build(stats, tasks, source=source, identities=_identities(planner, tasks[0])), stats
