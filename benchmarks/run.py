@@ -47,7 +47,7 @@ METHODS = {
     "ramplus_r0": ("ramplus r=0 (no pre-pass)", "ramplus", {**RAMPLUS, "r": 0.0}, None),
     "io_floor": ("I/O floor (read all, write one)", None, None, None),
 }
-SCALING_METHODS = ["help", "task_arithmetic", "ramplus_cold", "ramplus_warm"]
+SCALING_METHODS = ["help", "task_arithmetic", "ramplus_cold", "ramplus_warm", "ramplus_r0"]
 TAIL = 3000
 IDLE = 0.15  # CPU busy fraction below which the machine counts as quiet
 NOISY = 1.2  # max/min wall over repeats above which a row is flagged
@@ -67,7 +67,11 @@ def ticks():
     return sum(v), v[3] + v[4]
 t0 = ticks()
 start = time.perf_counter()
-proc = subprocess.Popen(sys.argv[2:])
+limit = float(sys.argv[2])
+proc = subprocess.Popen(sys.argv[3:])
+if limit > 0:
+    import threading
+    threading.Timer(limit, proc.kill).start()
 _, status, usage = os.wait4(proc.pid, 0)
 wall = time.perf_counter() - start
 t1 = ticks()
@@ -78,13 +82,15 @@ with open(sys.argv[1], "w") as f:
 """
 
 
-def measure(cmd: list[str], env: dict) -> dict:
-    """Run cmd; wall time around the whole process and the child's own peak RSS (wait4)."""
+def measure(cmd: list[str], env: dict, timeout: float = 0) -> dict:
+    """Run cmd; wall time around the whole process and the child's own peak RSS (wait4).
+
+    With a timeout (s), a process still running then is killed and recorded as timed out."""
     with tempfile.TemporaryDirectory() as tmp:
         result, log = Path(tmp, "result.json"), Path(tmp, "log")
         load = os.getloadavg()[0]
         with open(log, "wb") as out:
-            launcher = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(result), *cmd], stdout=out,
+            launcher = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(result), str(timeout), *cmd], stdout=out,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
             try:
                 launcher.wait()
@@ -101,9 +107,12 @@ def measure(cmd: list[str], env: dict) -> dict:
         run = {"wall_s": round(m["wall_s"], 4), "maxrss_kib": m["maxrss_kib"], "user_s": round(m["user_s"], 3),
                "sys_s": round(m["sys_s"], 3), "others_cpu_s": round(max(others, 0.0), 2),
                "returncode": rc, "ok": rc == 0, "loadavg_1m": load}
+        if rc == -9 and timeout and m["wall_s"] >= timeout:
+            run["timed_out"] = True
         if rc != 0:
             run["log_tail"] = log.read_text(errors="replace")[-TAIL:]
-            run["error"] = (f"killed by {signal.Signals(-rc).name}" + (" (out of memory?)" if rc == -9 else "")
+            run["error"] = (f"timed out: killed after {timeout:g} s" if run.get("timed_out") else
+                            f"killed by {signal.Signals(-rc).name}" + (" (out of memory?)" if rc == -9 else "")
                             if rc < 0 else f"exit status {rc}")
     return run
 
@@ -147,7 +156,8 @@ class Bench:
         env = {**os.environ, "MERGEKIT_RAM_CACHE": str(cache) if method in ("ramplus_cold", "ramplus_warm") else "off"}
         before = _cache_state(self.warm_cache)
         try:
-            result = measure(self.command(method, out), env)
+            limit = self.args.timeout if method not in ("help", "io_floor") else 0
+            result = measure(self.command(method, out), env, limit)
         finally:
             shutil.rmtree(out, ignore_errors=True)
             if method == "ramplus_cold":
@@ -221,7 +231,7 @@ def bench(name: str, methods: list[str], args) -> dict:
         for rep in range(args.repeats):
             for m in methods:
                 if m in failed:
-                    runs[m].append({"ok": False, "skipped": "failed earlier", "repeat": rep})
+                    runs[m].append({"ok": False, "skipped": "failed or timed out earlier", "repeat": rep})
                     continue
                 for attempt in range(1 + args.retry_disturbed):
                     b.read_inputs()  # a big merge before may have evicted the inputs
@@ -237,7 +247,9 @@ def bench(name: str, methods: list[str], args) -> dict:
                     if not (r["ok"] and not valid(r)) or attempt == args.retry_disturbed:
                         break
                     r["superseded"] = True  # measured again; kept in the JSON, left out of the medians
-                if not r["ok"]:
+                if r.get("timed_out"):
+                    failed.add(m)  # later repeats would time out too
+                elif not r["ok"]:
                     _report_failure(name, m, r)
                     failed.add(m)
     finally:
@@ -268,7 +280,10 @@ def summarize(runs: list[dict]) -> dict:
     ok = [r for r in runs if r.get("ok") and "priming" not in r]
     if not ok:
         errors = [r["error"] for r in runs if r.get("error")]
-        return {"ok": False, "error": errors[0] if errors else "no run"}
+        out = {"ok": False, "error": errors[0] if errors else "no run"}
+        if runs and all(r.get("timed_out") for r in runs if "priming" not in r):
+            out["timed_out_s"] = min(r["wall_s"] for r in runs if "priming" not in r)
+        return out
     clean = [r for r in ok if valid(r)]
     use = clean or ok  # runs still invalid after all retries count only when no valid run exists
     walls = [r["wall_s"] for r in use]
@@ -353,7 +368,8 @@ def workload_markdown(res: dict) -> str:
     for m, v in res["methods"].items():
         x = s[m]
         if not x["ok"]:
-            lines.append(f"| {v['label']} | **failed**: {x['error']} | — | — | — | — | — |")
+            what = f"> {x['timed_out_s']:.0f} (timed out)" if x.get("timed_out_s") else f"**failed**: {x['error']}"
+            lines.append(f"| {v['label']} | {what} | — | — | — | — | — |")
             continue
         phase = x["wall_s"] - startup if startup is not None and m not in ("help", "io_floor") else None
         ratios = (None, None) if m == "help" else (_ratio(x, ta), _ratio(x, ram))
@@ -445,8 +461,9 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
 
 def scaling_series(report: dict) -> tuple[str, list[float], dict[str, list[float | None]]]:
     by = report["scaling"]
-    label = "params (M)" if by == "size" else "agents N"
-    xs = [r["workload"]["num_parameters"] / 1e6 if by == "size" else len(r["workload"]["params"]["densities"])
+    label = {"size": "params (M)", "agents": "agents N", "tensors": "checkpoint tensors"}[by]
+    xs = [r["workload"]["num_parameters"] / 1e6 if by == "size" else
+          workloads.tensor_count(r["workload"]) if by == "tensors" else len(r["workload"]["params"]["densities"])
           for r in report["workloads"]]
     ys = {m: [r["methods"][m]["summary"].get("wall_s") for r in report["workloads"]]
           for m in report["methods"] if m != "help"}
@@ -460,15 +477,43 @@ def scaling_markdown(report: dict) -> str:
              "| workload | " + label + " | " + " | ".join(f"{METHODS[m][0]} s" for m in methods) + " |",
              "|---" * (2 + len(methods)) + "|"]
     for i, r in enumerate(report["workloads"]):
-        lines.append(f"| {r['workload']['name']} | {xs[i]:g} | " + " | ".join(_fmt(ys[m][i]) for m in methods) + " |")
+        lines.append(f"| {r['workload']['name']} | {xs[i]:g} | " + " | ".join(_cell(r, m, ys[m][i]) for m in methods) + " |")
+    if report["scaling"] == "tensors":
+        lines += _per_tensor(report, xs, methods)
     lines += ["", "Least-squares fit, wall s = a + b·x:", ""]
     for m in methods:
         pts = [(x, y) for x, y in zip(xs, ys[m]) if y is not None]
         if len(pts) >= 2:
             a, b, r2 = fit(*zip(*pts))
-            unit = "M params" if report["scaling"] == "size" else "agent"
+            unit = {"size": "M params", "agents": "agent", "tensors": "tensor"}[report["scaling"]]
             lines.append(f"- {METHODS[m][0]}: a = {a:.3f} s, b = {b:.4f} s per {unit}, R² = {r2:.4f}")
     return "\n".join(lines) + "\n\n"
+
+
+def _cell(res: dict, method: str, wall: float | None) -> str:
+    x = res["methods"][method]["summary"]
+    return f"> {x['timed_out_s']:.0f}" if x.get("timed_out_s") else _fmt(wall)
+
+
+def _per_tensor(report: dict, xs: list[float], methods: list[str]) -> list[str]:
+    """Merge-phase milliseconds per checkpoint tensor: (wall - start-up) / tensors."""
+    lines = ["", "Milliseconds per checkpoint tensor, (wall − `--help` start-up) / tensors:", "",
+             "| workload | tensors | " + " | ".join(f"{METHODS[m][0]}" for m in methods) + " |",
+             "|---" * (2 + len(methods)) + "|"]
+    for i, r in enumerate(report["workloads"]):
+        s = {m: v["summary"] for m, v in r["methods"].items()}
+        start = s.get("help", {}).get("wall_s") if s.get("help", {}).get("ok") else None
+        cells = []
+        for m in methods:
+            x = s[m]
+            if start is None:
+                cells.append("—")
+            elif x.get("timed_out_s"):
+                cells.append(f"> {(x['timed_out_s'] - start) / xs[i] * 1e3:.2f}")
+            else:
+                cells.append(_fmt((x["wall_s"] - start) / xs[i] * 1e3) if x["ok"] else "—")
+        lines.append(f"| {r['workload']['name']} | {xs[i]:g} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def chart(report: dict, path: Path) -> None:
@@ -495,6 +540,9 @@ def chart(report: dict, path: Path) -> None:
             a, b, r2 = fit(px, py)
             line = ax.plot(px, py, "o", label=f"{METHODS[m][0]} (R²={r2:.3f})")[0]
             ax.plot([min(px), max(px)], [a + b * min(px), a + b * max(px)], "--", color=line.get_color())
+        if report["scaling"] == "tensors":  # 267 to 24,651 tensors: a quadratic cost shows as slope 2
+            ax.set_xscale("log")
+            ax.set_yscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("wall s (median, whole process)")
         ax.set_title(f"Scaling over {report['scaling']}")
@@ -559,6 +607,8 @@ def parse(argv=None):
     p.add_argument("--retry-disturbed", type=int, default=0, metavar="K",
                    help="measure a run again (up to K times) when other processes used > 1 s + 5%% of its wall "
                         "time in CPU meanwhile, or when a warm run missed the statistics cache")
+    p.add_argument("--timeout", type=float, default=0, metavar="S",
+                   help="kill a merge still running after S seconds and report it as '> S' (0: no limit)")
     p.add_argument("--no-chart", action="store_true")
     p.add_argument("--rerender", action="store_true", help="only rewrite results.md/chart from OUT/results.json")
     args = p.parse_args(argv)
@@ -593,7 +643,8 @@ def main(argv=None) -> int:
         write(report, args.out)  # after every workload, so a crash keeps what was measured
     print((args.out / "results.md").read_text())
     failures = [f"{r['workload']['name']}:{m}" for r in report["workloads"]
-                for m, v in r["methods"].items() if not v["summary"]["ok"] or v["summary"].get("failed_runs")]
+                for m, v in r["methods"].items()
+                if not (v["summary"]["ok"] or v["summary"].get("timed_out_s")) or v["summary"].get("failed_runs")]
     if failures:
         print(f"FAILED runs: {', '.join(failures)} (recorded in {args.out / 'results.json'})", file=sys.stderr)
         return 1

@@ -23,20 +23,29 @@ MARKER = "workload.json"
 DENSITIES = (0.03, 0.46, 0.54, 0.25, 0.10, 0.35, 0.50, 0.05)
 
 
-def spec(arch="qwen2", hidden=1024, layers=12, vocab=32000, agents=3, tied=False) -> dict:
-    """`build_workload` keyword arguments for a bf16 workload with `agents` agents."""
-    return {
+def spec(arch="qwen2", hidden=1024, layers=12, vocab=32000, agents=3, tied=False,
+         experts=None, intermediate=None, heads=None, densities=DENSITIES) -> dict:
+    """`build_workload` keyword arguments for a bf16 workload with `agents` agents.
+
+    `experts` makes a mixture of experts (arch qwen3_moe or mixtral) whose
+    experts are `intermediate` wide, stored one tensor per expert.
+    """
+    heads = heads or max(1, hidden // 64)
+    out = {
         "arch": arch,
         "hidden_size": hidden,
         "num_layers": layers,
         "vocab_size": vocab,
-        "num_heads": max(1, hidden // 64),
-        "num_kv_heads": max(1, hidden // 256),  # 4:1 grouped-query attention
+        "num_heads": heads,
+        "num_kv_heads": max(1, heads // 4),  # 4:1 grouped-query attention
         "tie_word_embeddings": tied,
-        "densities": [DENSITIES[i % len(DENSITIES)] for i in range(agents)],
+        "densities": [densities[i % len(densities)] for i in range(agents)],
         "dtype": "bfloat16",
         "seed": 0,
     }
+    if experts:
+        out.update(num_experts=experts, intermediate_size=intermediate)
+    return out
 
 
 WORKLOADS: dict[str, dict] = {
@@ -45,8 +54,27 @@ WORKLOADS: dict[str, dict] = {
     "W2": spec(arch="llama", hidden=2048, layers=2, vocab=128256),  # ~615M, two 262M-element tensors
     "G1": spec(hidden=2048, layers=16, vocab=32000),  # ~0.85B, for GPU runs; not run by default
 }
-#: Scaling series: model size at fixed layers/vocab/N, and N at fixed size.
-SCALING: dict[str, list[str]] = {"size": [], "agents": []}
+#: Mixture-of-experts workloads, stored one tensor per expert as hub checkpoints are; RL updates are very
+#: sparse there (3 / 20 / 40 % dense agents).
+MOE_DENSITIES = (0.03, 0.20, 0.40)
+WORKLOADS.update({
+    # Qwen3-MoE style: 16 layers x 64 experts, 3219 checkpoint tensors, ~108M params
+    "M1": spec("qwen3_moe", hidden=256, layers=16, vocab=8000, experts=64, intermediate=128,
+               densities=MOE_DENSITIES),
+    # Mixtral style: 8 wide experts per layer, `block_sparse_moe` names renamed on load, 499 tensors, ~93M params
+    "MX": spec("mixtral", hidden=256, layers=16, vocab=8000, experts=8, intermediate=896,
+               densities=MOE_DENSITIES),
+    # Qwen3-30B-A3B's tensor layout (48 layers x 128 experts, 18,867 tensors) at reduced width, ~41M params
+    "Q30": spec("qwen3_moe", hidden=128, layers=48, vocab=8000, experts=128, intermediate=16, heads=4,
+                densities=MOE_DENSITIES),
+})
+#: Scaling series: model size at fixed layers/vocab/N, N at fixed size, and the checkpoint's tensor count
+#: at a fixed parameter count (8 layers; experts x width = 16384, so ~52M params for 267 to 24,651 tensors).
+SCALING: dict[str, list[str]] = {"size": [], "agents": [], "tensors": []}
+for _e in (8, 32, 128, 512, 1024):
+    WORKLOADS[f"T{_e}"] = spec("qwen3_moe", hidden=128, layers=8, vocab=4000, experts=_e,
+                               intermediate=16384 // _e, heads=4, densities=MOE_DENSITIES)
+    SCALING["tensors"].append(f"T{_e}")
 for _h in (256, 512, 1024, 1536, 2048):
     WORKLOADS[f"S{_h}"] = spec(hidden=_h, layers=6, vocab=16000)
     SCALING["size"].append(f"S{_h}")
@@ -90,6 +118,13 @@ def get(name: str, root: str | os.PathLike | None = None, *, quiet: bool = False
     if not quiet:
         print(f"built {name}: {wl.num_parameters / 1e6:.1f}M params in {found['build_s']} s", file=sys.stderr)
     return wl, found
+
+
+def tensor_count(marker: dict) -> int:
+    """Tensors in the base model's checkpoint (safetensors headers only)."""
+    from safetensors import safe_open
+
+    return sum(len(safe_open(str(f), "pt").keys()) for f in sorted(Path(marker["base"]).glob("*.safetensors")))
 
 
 def _workload(marker: dict) -> Workload:

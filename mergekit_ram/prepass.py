@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from mergekit.graph import Task
 
-from mergekit_ram import cache, kernel, report, statistics
+from mergekit_ram import cache, kernel, loading, report, statistics
 from mergekit_ram.method import NAME, ramplus
 
 LOG = logging.getLogger("mergekit_ram")
@@ -98,8 +98,19 @@ def install() -> None:
 
 
 def install_card() -> None:
-    """Append the RAM+ section to the model card `mergekit.merge` writes."""
+    """Append the RAM+ section to the model card `mergekit.merge` writes; load fast during `ramplus` merges."""
     merge = sys.modules.get("mergekit.merge")
+    run_merge = getattr(merge, "run_merge", None)
+    if run_merge is not None and not getattr(run_merge, _MARK, False):
+
+        def run_merge_wrapper(merge_config, *args, **kwargs):
+            if not _is_ours(merge_config.merge_method):
+                return run_merge(merge_config, *args, **kwargs)
+            with loading.active():
+                return run_merge(merge_config, *args, **kwargs)
+
+        _mark(run_merge_wrapper, run_merge)
+        merge.run_merge = run_merge_wrapper
     current = getattr(merge, "generate_card", None)
     if current is None or getattr(current, _MARK, False):
         return
@@ -536,12 +547,17 @@ class WriteStatistics(Task[None]):
 
 def inspect_config(config, options):
     """Plan `config` as ramplus and return (report, Statistics) without merging."""
+    install()
+    with loading.active():
+        return _inspect(config, options)
+
+
+def _inspect(config, options):
     from mergekit.architecture import get_architecture_info
     from mergekit.io.tasks import LoaderCache
     from mergekit.merge import _model_out_config
     from mergekit.plan import MergePlanner
 
-    install()
     ours = _is_ours(config.merge_method)
     if not ours:  # inspect any config with a base: its own parameters are not ours to judge
         config = config.model_copy(update={"merge_method": NAME})

@@ -218,11 +218,21 @@ def _resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return dtype
 
 
-def _make_config(arch, hidden_size, num_layers, vocab_size, intermediate_size,
-                 num_heads, num_kv_heads, tie_word_embeddings, dtype):
-    from transformers import LlamaConfig, Qwen2Config
+#: Mixture-of-experts architectures: (config class, architecture name, checkpoint prefix of the MoE block,
+#: checkpoint names of one expert's gate / up / down projections).  Checkpoints on the hub store one tensor
+#: per expert; transformers 5 (and mergekit) fuse them on load.
+_MOE = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", ".mlp.", ("gate_proj", "up_proj", "down_proj")),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", ".block_sparse_moe.", ("w1", "w3", "w2")),
+}
 
-    classes = {"qwen2": (Qwen2Config, "Qwen2ForCausalLM"), "llama": (LlamaConfig, "LlamaForCausalLM")}
+
+def _make_config(arch, hidden_size, num_layers, vocab_size, intermediate_size,
+                 num_heads, num_kv_heads, tie_word_embeddings, dtype, num_experts=None):
+    import transformers
+
+    classes = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
+    classes.update({k: v[:2] for k, v in _MOE.items()})
     if arch not in classes:
         raise ValueError(f"arch must be one of {sorted(classes)}, got {arch!r}")
     if hidden_size % num_heads:
@@ -231,8 +241,20 @@ def _make_config(arch, hidden_size, num_layers, vocab_size, intermediate_size,
         raise ValueError(f"num_heads {num_heads} is not divisible by num_kv_heads {num_kv_heads}")
     if vocab_size < 8:
         raise ValueError("vocab_size must be at least 8")
-    cls, arch_name = classes[arch]
-    return cls(
+    extra: dict = {}
+    if arch in _MOE:
+        if not num_experts or num_experts < 1:
+            raise ValueError(f"arch {arch!r} needs num_experts >= 1")
+        per_token = min(2, num_experts)
+        if arch == "qwen3_moe":
+            extra = dict(num_experts=num_experts, num_experts_per_tok=per_token,
+                         moe_intermediate_size=intermediate_size, head_dim=hidden_size // num_heads)
+        else:
+            extra = dict(num_local_experts=num_experts, num_experts_per_tok=per_token)
+    elif num_experts:
+        raise ValueError(f"num_experts is only for {sorted(_MOE)}, not {arch!r}")
+    cls_name, arch_name = classes[arch]
+    return getattr(transformers, cls_name)(
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         vocab_size=vocab_size,
@@ -246,16 +268,41 @@ def _make_config(arch, hidden_size, num_layers, vocab_size, intermediate_size,
         pad_token_id=3,
         dtype=dtype,
         architectures=[arch_name],
+        **extra,
     )
 
 
 def _tensor_specs(cfg) -> list[tuple[str, tuple[int, ...]]]:
-    """Parameter names/shapes from a meta-device model (tied weights listed once)."""
+    """Checkpoint tensor names/shapes from a meta-device model (tied weights listed once).
+
+    Fused expert parameters (transformers 5's `experts.gate_up_proj` and
+    `experts.down_proj`) are written the way hub checkpoints store them: one
+    gate, up and down matrix per expert.
+    """
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
-    return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    moe = _MOE.get(cfg.model_type)
+    specs: list[tuple[str, tuple[int, ...]]] = []
+    for name, p in model.named_parameters():
+        shape = tuple(p.shape)
+        if moe is None or ".mlp." not in name:
+            specs.append((name, shape))
+            continue
+        prefix, _, rest = name.replace(".mlp.", moe[2], 1).partition(moe[2])
+        block = prefix + moe[2]
+        gate, up, down = moe[3]
+        if rest == "experts.gate_up_proj":  # (experts, 2 * intermediate, hidden): gate rows, then up rows
+            half = (shape[1] // 2, shape[2])
+            for e in range(shape[0]):
+                specs += [(f"{block}experts.{e}.{gate}.weight", half), (f"{block}experts.{e}.{up}.weight", half)]
+        elif rest == "experts.down_proj":
+            for e in range(shape[0]):
+                specs.append((f"{block}experts.{e}.{down}.weight", shape[1:]))
+        else:
+            specs.append((block + rest, shape))
+    return specs
 
 
 def _kind(name: str, shape: tuple[int, ...]) -> str:
@@ -352,6 +399,7 @@ def build_workload(
     dtype: torch.dtype | str = torch.bfloat16,
     shard_size: int | None = None,
     tokenizer: bool = True,
+    num_experts: int | None = None,
 ) -> Workload:
     """Write a base model and RL-like sparse agents to out_dir/base and out_dir/agents/<name>.
 
@@ -360,6 +408,9 @@ def build_workload(
     agents, so supports overlap above chance), each by 1..3 steps of the
     storage grid (bf16/fp16 ULPs; about 1e-3 relative for float32).  Norm
     weights and everything outside the support keep the base's exact bits.
+    `arch` "qwen3_moe" or "mixtral" with `num_experts` writes a mixture of
+    experts (intermediate_size is then each expert's width), one tensor per
+    expert as hub checkpoints store them.
     The default overlap of 0.35 matches the paper's measured structure for
     densities (0.03, 0.46, 0.54): the sparse agent ~8% unique and ~50% shared
     with both others, the dense agents close to independent (Fig. 2).
@@ -383,7 +434,7 @@ def build_workload(
         intermediate_size = -(-int(hidden_size * 2.75) // 16) * 16
 
     cfg = _make_config(arch, hidden_size, num_layers, vocab_size, intermediate_size,
-                       num_heads, num_kv_heads, tie_word_embeddings, dtype)
+                       num_heads, num_kv_heads, tie_word_embeddings, dtype, num_experts)
     specs = _tensor_specs(cfg)
     itemsize = torch.empty((), dtype=dtype).element_size()
     shards = _shard(specs, itemsize, shard_size)

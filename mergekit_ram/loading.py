@@ -1,0 +1,209 @@
+"""Linear-time tensor loading for many-tensor checkpoints, active only while `ramplus` merges.
+
+mergekit 0.1.5 loads each tensor in time proportional to the checkpoint's tensor count,
+so a mixture-of-experts model with thousands of per-expert tensors costs the square of
+that count, once per pass. Two places do it:
+
+- `LazyTensorLoader.get_tensor` asks the open safetensors shard for `keys()` (a new list
+  of every name) to test one name;
+- `LoadTensor._load_converted_tensor` hands every tensor of the model to
+  `convert_checkpoint_tensors`, which natural-sorts and regex-matches all of them for
+  each fused target (`experts.gate_up_proj` and friends).
+
+While a `ramplus` merge runs, the first tests membership in a set made once per opened
+shard, and the second passes `convert_checkpoint_tensors` only the checkpoint tensors
+that can reach the target (found once per model by running mergekit's own name matching
+over all names), so the conversion itself and its result are mergekit's. Should the
+filtered call find nothing, the full call runs. Both replacements are installed only
+when mergekit's originals are byte-for-byte the ones they were written against, and
+only divert while `active()` is entered; other merge methods always run mergekit's code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import logging
+import threading
+import weakref
+from typing import Any, Dict, Iterator, List, Optional
+
+LOG = logging.getLogger("mergekit_ram")
+
+#: sha256 prefixes of the sources these replacements mirror (mergekit 0.1.5).
+_KNOWN = {
+    "LazyTensorLoader.get_tensor": "dd0df1e785f47b7b",
+    "LoadTensor._load_converted_tensor": "ee2a16e7a15ea57d",
+    "convert_checkpoint_tensors": "f964df0da40aa892",
+    "_iter_transform_matches": "6a2c25a7002bc389",
+    "_expanded_target_keys": "8eab3e6797ca04ad",
+}
+_MARK = "__mergekit_ram_loading__"
+_depth = 0
+_depth_lock = threading.Lock()
+_status: Optional[str] = None  # None: not tried yet; "" installed; else why not
+#: loader -> {"model_type": its model type, model type -> reachable(...)}, built once per model and run
+_plans: "weakref.WeakKeyDictionary[Any, Dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+def _fingerprint(function) -> str:
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+
+
+def install() -> str:
+    """Install the replacements once; returns "" or why mergekit's own loading stays in use."""
+    global _status
+    if _status is not None:
+        return _status
+    try:
+        from mergekit.architecture import conversion
+        from mergekit.io.lazy_tensor_loader import LazyTensorLoader
+        from mergekit.io.tasks import LoadTensor
+
+        found = {
+            "LazyTensorLoader.get_tensor": LazyTensorLoader.get_tensor,
+            "LoadTensor._load_converted_tensor": LoadTensor._load_converted_tensor,
+            "convert_checkpoint_tensors": conversion.convert_checkpoint_tensors,
+            "_iter_transform_matches": conversion._iter_transform_matches,
+            "_expanded_target_keys": conversion._expanded_target_keys,
+        }
+        changed = [name for name, f in found.items() if not getattr(f, _MARK, False) and _fingerprint(f) != _KNOWN[name]]
+        if changed:
+            _status = "mergekit's loader differs from 0.1.5 (" + ", ".join(changed) + ")"
+        else:
+            _divert(LazyTensorLoader, "get_tensor", "_get_tensor")
+            _divert(LoadTensor, "_load_converted_tensor", "_load_converted_tensor")
+            _status = ""
+    except Exception as error:  # never let a speed-up break a merge
+        _status = f"could not inspect mergekit's loader: {error!r}"
+    if _status:
+        LOG.info("mergekit-ram: fast tensor loading unavailable, using mergekit's own: %s", _status)
+    return _status
+
+
+@contextlib.contextmanager
+def active() -> Iterator[None]:
+    """Divert mergekit's tensor loading to the linear-time paths while inside."""
+    global _depth
+    install()
+    with _depth_lock:
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _depth_lock:
+            _depth -= 1
+
+
+def _divert(cls, name: str, fast: str) -> None:
+    """Route cls.name to this module's function `fast` while `active()`; mergekit's otherwise."""
+    original = getattr(cls, name)
+    if getattr(original, _MARK, False):
+        return
+
+    def method(self, *args, **kwargs):
+        if _depth:
+            return globals()[fast](original, self, *args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    method.__qualname__ = f"mergekit_ram[{original.__qualname__}]"
+    method.__doc__ = original.__doc__
+    method.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(method, _MARK, True)
+    setattr(cls, name, method)
+
+
+def _get_tensor(original, self, key, device="cpu", aliases=None, raise_on_missing=True):
+    """mergekit's `LazyTensorLoader.get_tensor` with a set of the open shard's names."""
+    import os
+
+    from mergekit.io.loader import TensorLoader
+
+    if aliases and key not in self.index.tensor_paths:
+        for alias in aliases:
+            if alias in self.index.tensor_paths:
+                key = alias
+                break
+
+    with self.lock:
+        shard, names = self.__dict__.get("_mergekit_ram_names", (None, frozenset()))
+        if shard is not self.current_shard or self.current_shard is None:
+            shard = self.current_shard
+            names = frozenset(shard.keys()) if shard is not None else frozenset()
+        if self.current_shard is None or key not in names:
+            if key not in self.index.tensor_paths:
+                if raise_on_missing:
+                    raise KeyError(key)
+                return None
+
+            self.current_shard = None
+            self.current_keys = None
+
+            shard_file = self.index.tensor_paths[key]
+            shard_full_path = os.path.join(self.index.base_path, shard_file)
+            logging.debug(f"Opening shard {shard_full_path}")
+            self.current_shard = TensorLoader.get(shard_full_path, use_lazy_unpickle=self.lazy_unpickle, device=device)
+            shard, names = self.current_shard, frozenset(self.current_shard.keys())
+        self.__dict__["_mergekit_ram_names"] = (shard, names)
+        return self.current_shard.get_tensor(key).to(device)
+
+
+def _load_converted_tensor(original, self, loader):
+    """mergekit's `LoadTensor._load_converted_tensor`, given only the tensors that can reach the target."""
+    from mergekit.architecture.conversion import convert_checkpoint_tensors
+    from mergekit.io.tasks import LoaderCache
+
+    found = _plans.setdefault(loader, {})
+    if "model_type" not in found:  # mergekit reads config.json again for every tensor
+        found["model_type"] = self.model.config(trust_remote_code=LoaderCache().trust_remote_code).model_type
+    model_type = found["model_type"]
+    if model_type not in found:
+        found[model_type] = reachable(model_type, list(loader.index.tensor_paths))
+    sources = found[model_type]
+    for target in [self.tensor] + list(self.aliases or []):
+        keys = sources.get(target)
+        if not keys:
+            continue
+        source_tensors = {key: (lambda key=key: loader.get_tensor(key, device=self.device or "cpu")) for key in keys}
+        tensor = convert_checkpoint_tensors(model_type, source_tensors, target)
+        if tensor is not None:
+            return tensor.to(self.device or "cpu")
+    return original(self, loader)  # nothing found among the filtered names: mergekit's full search
+
+
+def reachable(model_type: Optional[str], names: List[str]) -> Dict[str, List[str]]:
+    """For every name a conversion can produce, the source names that can contribute to it.
+
+    Runs `convert_checkpoint_tensors`' own matching (`_iter_transform_matches`,
+    `_expanded_target_keys`) over names alone, once for all targets: a renamed name
+    inherits its sources, a converter's targets gather the sources of every match
+    that expands to them, and later transforms see both. The sets over-approximate
+    (a renaming's last source wins in mergekit, all are kept here), which leaves the
+    conversion's result unchanged: it only ever uses the matches of its target.
+    """
+    from mergekit.architecture.conversion import _expanded_target_keys, _iter_transform_matches
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    transforms = get_checkpoint_conversion_mapping(model_type) if model_type else None
+    if not transforms:
+        return {}
+    origin: Dict[str, set] = {name: {name} for name in names}
+    for transform in transforms:
+        produced: Dict[str, set] = {}
+        for match in _iter_transform_matches(transform, {name: name for name in origin}):
+            roots = origin[match.source_key]
+            if isinstance(transform, WeightRenaming):
+                produced.setdefault(match.renamed_key, set()).update(roots)
+            else:
+                for target in _expanded_target_keys(match.renamed_key, transform.target_patterns):
+                    produced.setdefault(target, set()).update(roots)
+        for name, roots in produced.items():
+            origin.setdefault(name, set()).update(roots)
+    order = {name: i for i, name in enumerate(names)}
+    return {
+        target: sorted(roots, key=order.__getitem__)
+        for target, roots in origin.items()
+        if roots != {target}
+    }
