@@ -75,7 +75,7 @@ def test_wheel_ships_pth_at_root_and_the_package(wheel):
         names = set(archive.namelist())
         assert "mergekit_ram.pth" in names, sorted(names)  # root of site-packages
         assert archive.read("mergekit_ram.pth").decode() == REPO_PTH.read_text()
-        for module in ("__init__", "startup", "method", "prepass", "kernel", "statistics", "api"):
+        for module in ("__init__", "startup", "method", "hook", "checks", "prepass", "kernel", "statistics", "api"):
             assert f"mergekit_ram/{module}.py" in names, sorted(names)
         assert not any("__pycache__" in n or n.startswith("tests/") for n in names), sorted(names)
 
