@@ -113,7 +113,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from mergekit.config import MergeConfiguration
     from mergekit.options import MergeOptions
 
-    from mergekit_ram import prepass, report, statistics
+    from mergekit_ram import hook, prepass, report, statistics
 
     if not args.config.is_file():
         raise _UsageError(f"no such config file: {args.config}")
@@ -125,6 +125,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     flags = ("cuda", "device", "low_cpu_memory", "read_to_gpu", "multi_gpu", "trust_remote_code",
              "unsafe_truncate_embeddings", "allow_crimes", "quiet")
     options = MergeOptions(**{f: getattr(args, f) for f in flags if getattr(args, f) not in (None, False)})
+    hook.install()  # idempotent: the start-up hook normally did it already
     found, stats = prepass.inspect_config(config, options)
 
     params = found["parameters"]

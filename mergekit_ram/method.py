@@ -1,15 +1,20 @@
 """The `ramplus` merge method: one declarative mergekit definition.
 
-RAM+ with the paper's global rho_t. The planner hook (`mergekit_ram.prepass`)
-counts every tensor first and fills in `rho` for each agent (over the whole
-model, or per layer/tensor with `rho_scope`); a user may also give `rho` per
-model. With r = 0 (plain RAM) rho is never needed.
+RAM+ with the paper's global rho_t. The statistics pass (`mergekit_ram.prepass`,
+run from the planner hook in `mergekit_ram.hook`) counts every tensor first and
+fills in `rho` for each agent (over the whole model, or per layer/tensor with
+`rho_scope`); a user may also give `rho` per model. With r = 0 (plain RAM) rho
+is never needed.
+
+This module imports nothing of the hook, the pass or the start-up code: they
+depend on it, not the other way round.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+import sys
+from typing import Any, Literal, Optional, Sequence
 
 import torch
 from pydantic import AfterValidator
@@ -78,10 +83,31 @@ def ramplus(
     )
 
 
-def _missing_rho_message(tensor: Optional[str], missing) -> str:
-    from mergekit_ram import prepass
+def is_ours(method: Any) -> bool:
+    """True for this package's methods, also across a reload of its modules."""
+    return _origin(method) == __name__
 
-    reason = prepass.unavailable_reason()
+
+def resolves_to_ours(name: str) -> bool:
+    """Whether mergekit runs this package's method for `merge_method: name`
+    (not another plugin's that took the same name first)."""
+    from mergekit import merge_methods
+
+    if name != NAME:
+        return False
+    try:
+        return is_ours(merge_methods.get(name))
+    except RuntimeError:
+        return False
+
+
+def _origin(method: Any) -> str:
+    return str(getattr(getattr(method, "implementation", method), "__module__", "?"))
+
+
+def _missing_rho_message(tensor: Optional[str], missing: Sequence[str]) -> str:
+    hook = sys.modules.get("mergekit_ram.hook")  # not imported: no hook loaded means none failed
+    reason = hook.unavailable_reason() if hook is not None else None
     return (
         f"ramplus: no global rho for {', '.join(missing)} (tensor {tensor}). RAM+ needs "
         "rho over the whole model, which only the statistics pre-pass of `mergekit-yaml` "

@@ -30,7 +30,7 @@ def register_methods():
         return  # still being defined: its own load hook registers it
     from mergekit.merge_methods import register, registered_methods
 
-    from mergekit_ram.method import ramplus
+    from mergekit_ram.method import is_ours, ramplus
 
     taken = {m.spec.name: m for m in registered_methods()}
     owner = taken.get(ramplus.spec.name)
@@ -46,27 +46,22 @@ def register_methods():
         )
 
 
-def is_ours(method) -> bool:
-    """True for this package's methods, also across a reload of its modules."""
-    return _origin(method) == "mergekit_ram.method"
-
-
 def _origin(method) -> str:
     return getattr(getattr(method, "implementation", method), "__module__", "?")
 
 
 def install_prepass():
     """Wrap mergekit's planner so `ramplus` gets whole-model statistics."""
-    from mergekit_ram import prepass
+    from mergekit_ram import hook
 
-    prepass.install()
+    hook.install()
 
 
 def install_card():
     """Add the RAM+ section to the model card mergekit writes."""
-    from mergekit_ram import prepass
+    from mergekit_ram import hook
 
-    prepass.install_card()
+    hook.install_card()
 
 
 _HOOKS = {

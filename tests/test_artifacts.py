@@ -414,9 +414,9 @@ def test_rho_per_tensor_with_epsilon_zero_has_no_nan(run_yaml, qwen_bf16):
 def _check(text: str):
     from mergekit.config import MergeConfiguration
 
-    from mergekit_ram import prepass
+    from mergekit_ram import checks
 
-    prepass.check_config(MergeConfiguration.model_validate(yaml.safe_load(text)))
+    checks.check_config(MergeConfiguration.model_validate(yaml.safe_load(text)))
 
 
 def test_misspelled_top_level_parameter_fails_before_reading(run_yaml, qwen_bf16, tmp_path, monkeypatch):

@@ -75,9 +75,25 @@ def test_wheel_ships_pth_at_root_and_the_package(wheel):
         names = set(archive.namelist())
         assert "mergekit_ram.pth" in names, sorted(names)  # root of site-packages
         assert archive.read("mergekit_ram.pth").decode() == REPO_PTH.read_text()
-        for module in ("__init__", "startup", "method", "prepass", "kernel", "statistics", "api"):
+        for module in ("__init__", "startup", "method", "hook", "checks", "prepass", "kernel", "statistics", "api"):
             assert f"mergekit_ram/{module}.py" in names, sorted(names)
         assert not any("__pycache__" in n or n.startswith("tests/") for n in names), sorted(names)
+
+
+def test_wheel_ships_license_typing_marker_and_one_version(wheel):
+    import mergekit_ram
+
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        assert "mergekit_ram/py.typed" in names, sorted(names)
+        info = next(n.rsplit("/", 1)[0] for n in names if n.endswith(".dist-info/METADATA"))
+        for license_file in ("LICENSE", "COPYING"):
+            assert archive.read(f"{info}/licenses/{license_file}") == (REPO / license_file).read_bytes()
+        metadata = archive.read(f"{info}/METADATA").decode()
+    assert "GNU LESSER GENERAL PUBLIC LICENSE" in (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert "License-Expression: LGPL-3.0-only" in metadata
+    assert f"Version: {mergekit_ram.__version__}\n" in metadata
+    assert wheel.name.startswith(f"mergekit_ram-{mergekit_ram.__version__}-")
 
 
 def test_wheel_console_scripts_resolve(wheel):

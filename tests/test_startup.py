@@ -281,7 +281,7 @@ def plan_first(py):
         import mergekit.plan as p
         print(p.MergePlanner._plan)
         import mergekit.merge_methods as m
-        from mergekit_ram import prepass
+        from mergekit_ram import hook
         plan = p.MergePlanner._plan
         inner = plan.__wrapped__
         first = dict(
@@ -289,7 +289,7 @@ def plan_first(py):
             inner_marked=hasattr(inner, '__mergekit_ram_prepass__'),
             inner_name=inner.__module__ + ':' + inner.__qualname__,
             registered=m.get('ramplus') is sys.modules['mergekit_ram.method'].ramplus,
-            reason=prepass.unavailable_reason(),
+            reason=hook.unavailable_reason(),
         )
         print('---- repeat ----', file=sys.stderr, flush=True)
         import importlib
@@ -298,12 +298,12 @@ def plan_first(py):
             import mergekit_ram
             importlib.reload(mergekit_ram)
         import mergekit_ram.startup as startup
-        import mergekit_ram.prepass as prepass
+        import mergekit_ram.hook as hook
         import mergekit.plan as plan
         import mergekit.merge_methods as m
         startup.install(); startup.install()
         startup.register_methods(); startup.register_methods()
-        prepass.install(); prepass.install()
+        hook.install(); hook.install()
         wrapper = plan.MergePlanner._plan
         inner = wrapper.__wrapped__
         r = dict(
@@ -447,10 +447,10 @@ def test_incompatible_mergekit_disables_prepass_but_not_mergekit(py, workload, t
     config = {k: v for k, v in _config(workload).items() if k != "parameters"}
     result, proc = py(
         f"""
-        import mergekit_ram.prepass as prepass
+        import mergekit_ram.hook as hook
         def check_surface():
-            raise prepass.IncompatibleMergekit('simulated: mergekit changed its planner')
-        prepass.check_surface = check_surface
+            raise hook.IncompatibleMergekit('simulated: mergekit changed its planner')
+        hook.check_surface = check_surface
         assert 'mergekit.plan' not in sys.modules
         import mergekit.plan as p
         from mergekit.config import MergeConfiguration
@@ -463,7 +463,7 @@ def test_incompatible_mergekit_disables_prepass_but_not_mergekit(py, workload, t
             import os
             return sorted(os.listdir(out))
         r = dict(
-            reason=prepass.unavailable_reason(),
+            reason=hook.unavailable_reason(),
             wrapped=getattr(p.MergePlanner._plan, '__mergekit_ram_prepass__', False),
             linear=merge({str(tmp_path / 'linear')!r}, 'linear', weight=1.0),
             ram_r0=merge({str(tmp_path / 'ram_r0')!r}, 'ramplus', r=0.0),

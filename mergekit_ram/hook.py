@@ -1,0 +1,163 @@
+"""The hook into mergekit: version guard, wrapped planner methods, model card.
+
+mergekit 0.1.5 has no extension point for a whole-model pre-pass, so we wrap
+two `MergePlanner` methods and `mergekit.merge.generate_card`:
+
+- `_plan`: check the config (`mergekit_ram.checks`), let mergekit plan, then
+  run the statistics pass (`mergekit_ram.prepass.run`) on the planned tasks;
+- `plan_to_disk`: refuse an output folder inside an input model, and append a
+  task that writes `ram_stats.json` once the model is written;
+- `generate_card`: append the "RAM+ statistics" section to the model card;
+- `run_merge`: a `ramplus` merge runs inside `mergekit_ram.loading.active()`,
+  mergekit's tensor loading in linear time (other methods are left alone).
+
+Besides `mergekit_ram.loading` (which guards its own two loader methods by
+their source), this module is the only one that patches mergekit. It checks mergekit's
+version and the private surface it relies on (`_plan`, `plan_to_disk`,
+`ExecuteMergeMethodTask`'s fields) before patching, and says so clearly if
+mergekit changed shape; `unavailable_reason()` then tells why.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Callable, List, Optional, Tuple
+
+from mergekit_ram import checks, loading, prepass, report
+from mergekit_ram.method import resolves_to_ours
+
+LOG = logging.getLogger("mergekit_ram")
+
+_SUPPORTED = ((0, 1, 5), (0, 2, 0))
+_TASK_FIELDS = (
+    "method_name",
+    "gather_tensors",
+    "model_order",
+    "base_model",
+    "output_weight",
+    "parameters",
+    "input_parameters",
+    "dtype",
+)
+_MARK = "__mergekit_ram_prepass__"
+_unavailable: Optional[str] = None
+_card_report: Optional[Tuple[Any, dict]] = None  # (config, report) of the merge being planned, for its card
+
+
+class IncompatibleMergekit(RuntimeError):
+    """mergekit's private planning surface is not what this release was built for."""
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why the pre-pass could not be installed, or None when it is active."""
+    return _unavailable
+
+
+def check_surface() -> None:
+    """Raise IncompatibleMergekit unless mergekit looks like the one we support."""
+    from importlib.metadata import version
+
+    from mergekit.merge_methods.task_adapter import ExecuteMergeMethodTask
+    from mergekit.plan import MergePlanner
+
+    found = version("mergekit")
+    numbers = tuple(int(p) for p in found.split(".")[:3] if p.isdigit())
+    if not (_SUPPORTED[0] <= numbers < _SUPPORTED[1]):
+        raise IncompatibleMergekit(f"mergekit {found} is installed; mergekit-ram supports >=0.1.5,<0.2")
+    missing = [f for f in _TASK_FIELDS if f not in ExecuteMergeMethodTask.model_fields]
+    missing += [m for m in ("_plan", "plan_to_disk") if not callable(getattr(MergePlanner, m, None))]
+    if missing:
+        raise IncompatibleMergekit(
+            f"mergekit {found} changed its planner (missing: {', '.join(missing)}); upgrade mergekit-ram"
+        )
+
+
+def install() -> None:
+    """Wrap the planner (and, once loaded, mergekit.merge's card). Idempotent."""
+    global _unavailable
+    from mergekit.plan import MergePlanner
+
+    if not getattr(MergePlanner._plan, _MARK, False):
+        try:
+            check_surface()
+        except IncompatibleMergekit as error:
+            _unavailable = str(error)
+            LOG.warning("mergekit-ram: global RAM+ pre-pass disabled: %s", error)
+            return
+        _wrap(MergePlanner, "_plan", _plan)
+        _wrap(MergePlanner, "plan_to_disk", _plan_to_disk)
+        _unavailable = None
+    install_card()
+
+
+def install_card() -> None:
+    """Append the RAM+ section to the model card `mergekit.merge` writes; load fast during `ramplus` merges."""
+    merge = sys.modules.get("mergekit.merge")
+    run_merge = getattr(merge, "run_merge", None)
+    if run_merge is not None and not getattr(run_merge, _MARK, False):
+
+        def run_merge_wrapper(merge_config: Any, *args: Any, **kwargs: Any) -> Any:
+            if not resolves_to_ours(merge_config.merge_method):
+                return run_merge(merge_config, *args, **kwargs)
+            with loading.active():  # linear-time tensor loading, for this merge only
+                return run_merge(merge_config, *args, **kwargs)
+
+        _mark(run_merge_wrapper, run_merge)
+        setattr(merge, "run_merge", run_merge_wrapper)
+    current = getattr(merge, "generate_card", None)
+    if merge is None or current is None or getattr(current, _MARK, False):
+        return
+
+    def generate_card(config: Any, *args: Any, **kwargs: Any) -> str:
+        global _card_report
+        card: str = current(config, *args, **kwargs)
+        pending, _card_report = _card_report, None
+        if pending is None or pending[0] is not config:
+            return card
+        return card.rstrip("\n") + "\n\n" + report.card_section(pending[1])
+
+    _mark(generate_card, current)
+    setattr(merge, "generate_card", generate_card)
+
+
+def _wrap(cls: type, name: str, replacement: Callable[..., Any]) -> None:
+    original = getattr(cls, name)
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return replacement(original, self, *args, **kwargs)
+
+    _mark(wrapper, original)
+    setattr(cls, name, wrapper)
+
+
+def _mark(wrapper: Callable[..., Any], original: Callable[..., Any]) -> None:
+    wrapper.__qualname__ = f"mergekit_ram[{original.__qualname__}]"
+    wrapper.__doc__ = original.__doc__
+    setattr(wrapper, "__wrapped__", original)
+    setattr(wrapper, _MARK, True)
+
+
+def _plan(original: Callable[[Any], None], planner: Any) -> None:
+    ours = resolves_to_ours(planner.config.merge_method)
+    if ours:
+        checks.check_config(planner.config)
+    original(planner)
+    if ours:
+        prepass.run(planner)
+
+
+def _plan_to_disk(original: Callable[[Any, str], List[Any]], planner: Any, out_path: str) -> List[Any]:
+    global _card_report
+    ours = resolves_to_ours(planner.config.merge_method)
+    if ours:
+        checks.check_output(planner.config, out_path)
+    tasks = original(planner, out_path)
+    found = getattr(planner, "_mergekit_ram_report", None)
+    if ours and found is not None:
+        from mergekit.io.tasks import FinalizeModel
+
+        finalize = next(t for t in tasks if isinstance(t, FinalizeModel))
+        _card_report = (planner.config, found)  # one merge at a time: an older report never reaches a card
+        tasks.append(prepass.WriteStatistics(out_path=out_path, payload=report.dumps(found), after=finalize))
+    return tasks
