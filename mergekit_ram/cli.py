@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 PROG = "mergekit-ram"
 
@@ -103,16 +103,15 @@ def _add_inspect(subparsers) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    import json
     import logging
 
     import yaml
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    import mergekit_ram  # noqa: F401  (registers ramplus, installs the pre-pass)
     from mergekit.config import MergeConfiguration
     from mergekit.options import MergeOptions
 
+    import mergekit_ram  # noqa: F401  (registers ramplus, installs the pre-pass)
     from mergekit_ram import hook, prepass, report, statistics
 
     if not args.config.is_file():

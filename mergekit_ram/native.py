@@ -19,9 +19,9 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 
@@ -32,15 +32,15 @@ _NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _MIN_SPLIT = 1 << 20  # below this, one thread: splitting costs more than it saves
 _lock = threading.Lock()
 _lib = None
-_failed: Optional[str] = None
-_pool: Optional[ThreadPoolExecutor] = None
+_failed: str | None = None
+_pool: ThreadPoolExecutor | None = None
 
 
 def enabled() -> bool:
     return os.environ.get("MERGEKIT_RAM_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def supports(base: torch.Tensor, agents: Sequence[torch.Tensor], out_dtype: Optional[torch.dtype] = None) -> bool:
+def supports(base: torch.Tensor, agents: Sequence[torch.Tensor], out_dtype: torch.dtype | None = None) -> bool:
     """True when the fused loops apply: CPU, one float dtype of 16/32 bits, < 255 agents."""
     if not enabled() or base.device.type != "cpu" or base.dtype not in _NAMES or len(agents) >= 255:
         return False

@@ -5,13 +5,13 @@ Optional: needs matplotlib (`pip install "mergekit-ram[plot]"`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 from mergekit_ram.statistics import Statistics
 
 
-def heatmap(stats: Statistics, path: Path, labels: Optional[Mapping[str, str]] = None) -> Path:
+def heatmap(stats: Statistics, path: Path, labels: Mapping[str, str] | None = None) -> Path:
     """Write a PNG with two heat maps (density, unique share), one row per layer."""
     try:
         import matplotlib

@@ -4,7 +4,8 @@
 meta-path finder (no torch, no mergekit import) that runs a small hook right
 after mergekit's own modules finish loading: register `ramplus` once
 `mergekit.merge_methods` exists, install the statistics pre-pass once
-`mergekit.plan` exists, extend the model card once `mergekit.merge` exists. A failing hook logs a warning and never raises into
+`mergekit.plan` exists (`mergekit_ram.hook`), extend the model card once
+`mergekit.merge` exists. A failing hook logs a warning and never raises into
 mergekit. `MERGEKIT_RAM_DISABLE=1` makes the .pth do nothing.
 """
 
@@ -13,8 +14,8 @@ import importlib.util
 import sys
 
 _lock = _thread.RLock()
-_busy = set()
-_warned = set()
+_busy: set[str] = set()
+_warned: set[str] = set()
 
 
 def _log():
@@ -119,7 +120,8 @@ class _Finder:
             _busy.discard(name)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return None
-        spec.loader = _Loader(spec.loader, hook)
+        # duck-typed: subclassing importlib.abc.Loader would import it at every interpreter start
+        spec.loader = _Loader(spec.loader, hook)  # type: ignore[assignment]
         return spec
 
 

@@ -18,9 +18,9 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 import torch
 
@@ -131,10 +131,8 @@ def _exact_mask(score: torch.Tensor, k: int, overlap: float) -> torch.Tensor:
     hi = _score_quantile(min(1.0, (k + slack) / n), overlap)
     j = k - int((score <= lo).sum())
     band = score[(score > lo) & (score <= hi)]
-    if 0 < j <= band.numel():
-        thr = band.kthvalue(j).values
-    else:  # estimate missed (tiny tensors): search everything
-        thr = score.kthvalue(k).values
+    # where the estimate missed (tiny tensors), search everything
+    thr = band.kthvalue(j).values if 0 < j <= band.numel() else score.kthvalue(k).values
     mask = score <= thr
     excess = int(mask.sum()) - k
     if excess > 0:  # ties at the threshold: keep the first ones
@@ -188,13 +186,13 @@ class _SafetensorsWriter:
         self.expected = offset
         self.written = 0
         self.path = path
-        self._f = open(path, "wb")
+        self._f = open(path, "wb")  # noqa: SIM115  (the writer owns the handle; close() closes it)
         self._f.write(len(raw).to_bytes(8, "little"))
         self._f.write(raw)
 
     def write(self, t: torch.Tensor) -> None:
         data = t.contiguous().view(torch.uint8).numpy()
-        self._f.write(data)
+        self._f.write(data.data)  # the array's own buffer, no copy
         self.written += data.nbytes
 
     def close(self) -> None:
@@ -430,15 +428,15 @@ def _write_tensor(writers, name, shape, dtype, densities, overlap, seed) -> None
     numel = math.prod(shape)
     kind = _kind(name, shape)
     exact = numel <= _EXACT_LIMIT
-    masks: list[torch.Tensor | None] = [None] * len(densities)
+    masks: list[torch.Tensor] = []  # one per agent, for exact (small) non-norm tensors
     if kind != "norm" and exact:
-        u = torch.cat([_uniform(seed, name, "u", c, b - a) for c, a, b in _chunks(numel)])
+        uniform = torch.cat([_uniform(seed, name, "u", c, b - a) for c, a, b in _chunks(numel)])
         for t, d in enumerate(densities):
-            score = torch.cat([_score_chunk(seed, name, t, c, b - a, u[a:b], overlap)
+            score = torch.cat([_score_chunk(seed, name, t, c, b - a, uniform[a:b], overlap)
                                for c, a, b in _chunks(numel)])
-            masks[t] = _exact_mask(score, int(math.floor(d * numel + 0.5)), overlap)
+            masks.append(_exact_mask(score, math.floor(d * numel + 0.5), overlap))
             del score
-        del u
+        del uniform
     thresholds = [_score_quantile(d, overlap) for d in densities]
 
     for c, a, b in _chunks(numel):
@@ -449,7 +447,7 @@ def _write_tensor(writers, name, shape, dtype, densities, overlap, seed) -> None
             for w in writers[1:]:
                 w.write(base)
             continue
-        u = None if exact else _uniform(seed, name, "u", c, n)
+        u = torch.empty(0) if exact else _uniform(seed, name, "u", c, n)  # exact tensors use their masks
         for t, w in enumerate(writers[1:]):
             if exact:
                 mask = masks[t][a:b]
