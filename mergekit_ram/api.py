@@ -38,7 +38,9 @@ def _count(base_sd: StateDict, named, epsilon: float) -> statistics.Statistics:
                 base_sd[key], [sd[key] for _, sd in named], epsilon, names=labels, tensor_name=key
             ).tolist()
             stats.tensors.append(
-                statistics.TensorCounts(key, base_sd[key].numel(), dict(zip(labels, map(tuple, counts), strict=True)), epsilon)
+                statistics.TensorCounts(
+                    key, base_sd[key].numel(), dict(zip(labels, map(tuple, counts), strict=True)), epsilon
+                )
             )
     return stats
 
@@ -114,8 +116,7 @@ def _inputs(base: StateDictLike, agents: Agents):
         missing, extra = set(base_sd) - set(sd), set(sd) - set(base_sd)
         if missing or extra:
             raise ValueError(
-                f"agent {name!r} does not match the base: missing {sorted(missing)[:5]}, "
-                f"extra {sorted(extra)[:5]}"
+                f"agent {name!r} does not match the base: missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}"
             )
     return base_sd, named
 
@@ -123,9 +124,7 @@ def _inputs(base: StateDictLike, agents: Agents):
 def _as_state_dict(model: StateDictLike, label: str) -> StateDict:
     if isinstance(model, torch.nn.Module):
         return model.state_dict()
-    if not isinstance(model, Mapping) or not all(
-        isinstance(v, torch.Tensor) for v in model.values()
-    ):
+    if not isinstance(model, Mapping) or not all(isinstance(v, torch.Tensor) for v in model.values()):
         raise TypeError(f"{label} must be a torch.nn.Module or a mapping of name to tensor")
     return model
 

@@ -47,7 +47,12 @@ def folder_identity(path: str) -> dict:
         if not os.path.isfile(full):
             continue
         st = os.stat(full)  # follows hub symlinks to their blobs
-        entry: dict[str, int | str] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
+        entry: dict[str, int | str] = {
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns,
+            "inode": st.st_ino,
+        }
         if name.endswith(".safetensors"):
             entry["header_sha256"] = _safetensors_header_hash(full)
             entry["sample_sha256"] = _sample_hash(full, st.st_size)
@@ -92,7 +97,13 @@ def store(digest: str, agents: list, tensors: list) -> Path | None:
     folder = directory()
     if folder is None:
         return None
-    entry = {"format": FORMAT, "key": digest, "agents": agents, "checksum": _checksum(agents, tensors), "tensors": tensors}
+    entry = {
+        "format": FORMAT,
+        "key": digest,
+        "agents": agents,
+        "checksum": _checksum(agents, tensors),
+        "tensors": tensors,
+    }
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{digest}.", suffix=".tmp", dir=folder)

@@ -212,8 +212,7 @@ def _check_shapes(base, agents, names, tensor_name) -> None:
     for i, a in enumerate(agents):
         if a.shape != base.shape:
             raise ValueError(
-                f"shape mismatch{where}: {_label(names, i)} has {tuple(a.shape)}, "
-                f"base has {tuple(base.shape)}"
+                f"shape mismatch{where}: {_label(names, i)} has {tuple(a.shape)}, base has {tuple(base.shape)}"
             )
         if a.device != base.device:
             raise ValueError(f"device mismatch{where}: {_label(names, i)} is on {a.device}")

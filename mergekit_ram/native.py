@@ -81,8 +81,12 @@ def count(base: torch.Tensor, agents: Sequence[torch.Tensor], epsilon: float) ->
         start, stop = parts[i]
         shifted = (ctypes.c_void_p * len(agents))(*[p + start * size for p in pointers])
         return getattr(lib, f"count_{name}")(
-            base.data_ptr() + start * size, shifted, len(agents), ctypes.c_float(epsilon),
-            stop - start, results[i].data_ptr(),
+            base.data_ptr() + start * size,
+            shifted,
+            len(agents),
+            ctypes.c_float(epsilon),
+            stop - start,
+            results[i].data_ptr(),
         )
 
     bad = _map(run, len(parts))
@@ -103,8 +107,13 @@ def merge(base, agents, lambdas, epsilon: float, out: torch.Tensor) -> bool:
         start, stop = parts[i]
         shifted = (ctypes.c_void_p * len(agents))(*[p + start * size for p in pointers])
         return fn(
-            base.data_ptr() + start * size, shifted, len(agents), lams, ctypes.c_float(epsilon),
-            stop - start, out.data_ptr() + start * osize,
+            base.data_ptr() + start * size,
+            shifted,
+            len(agents),
+            lams,
+            ctypes.c_float(epsilon),
+            stop - start,
+            out.data_ptr() + start * osize,
         )
 
     return any(b != 0 for b in _map(run, len(parts)))

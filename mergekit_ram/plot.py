@@ -47,8 +47,15 @@ def heatmap(stats: Statistics, path: Path, labels: Mapping[str, str] | None = No
         if len(rows) <= 48:
             for i, row in enumerate(data):
                 for j, value in enumerate(row):
-                    ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=7,
-                            color="white" if value < 60 else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{value:.0f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if value < 60 else "black",
+                    )
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.suptitle("RAM+ statistics per layer and agent", fontsize=11)
     path = Path(path)

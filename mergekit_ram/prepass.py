@@ -57,9 +57,7 @@ def run(planner) -> dict[str, statistics.AgentStats] | None:
         LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")
     if stats is not None:
         _inject(planner, planned, stats, needs)
-    planner._mergekit_ram_report = report.build(
-        stats, tasks, source=source, identities=_identities(planner, tasks[0])
-    )
+    planner._mergekit_ram_report = report.build(stats, tasks, source=source, identities=_identities(planner, tasks[0]))
     if stats is None:
         return None
     totals = stats.totals()
@@ -129,7 +127,14 @@ def _cache_key(planner, tasks) -> str | None:
             "kernel": "active=|tau|>eps; tau in float32 (float64 for float64 inputs)",
             "models": {str(m): _folder_identity(m) for m in sorted(models, key=str)},
             "tensors": [
-                [t.output_weight.name, _plain(t.gather_tensors), t.parameters["epsilon"], t.dtype, [str(m) for m in t.model_order], str(t.base_model)]
+                [
+                    t.output_weight.name,
+                    _plain(t.gather_tensors),
+                    t.parameters["epsilon"],
+                    t.dtype,
+                    [str(m) for m in t.model_order],
+                    str(t.base_model),
+                ]
                 for t in tasks
             ],
         }

@@ -132,9 +132,7 @@ def install():
     """Add the finder once; run hooks for modules that are already loaded."""
     if _FINDER not in sys.meta_path:
         # a reloaded copy of this module leaves its old finder behind: replace it
-        sys.meta_path[:] = [
-            f for f in sys.meta_path if not getattr(f, "__mergekit_ram_finder__", False)
-        ]
+        sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__mergekit_ram_finder__", False)]
         sys.meta_path.insert(0, _FINDER)
     for name, hook in _HOOKS.items():
         if name in sys.modules and name != "mergekit_ram.method":

@@ -115,13 +115,17 @@ class Statistics:
     def rho(self, scope: str = "model") -> dict[str, dict[str, float]]:
         """group -> agent -> rho, for the given scope."""
         return {
-            group: {a: s.rho for a, s in self.totals(members).items()}
-            for group, members in self.groups(scope).items()
+            group: {a: s.rho for a, s in self.totals(members).items()} for group, members in self.groups(scope).items()
         }
 
     def to_json(self) -> list[dict]:
         return [
-            {"name": t.name, "numel": t.numel, "epsilon": t.epsilon, "counts": {a: list(c) for a, c in t.counts.items()}}
+            {
+                "name": t.name,
+                "numel": t.numel,
+                "epsilon": t.epsilon,
+                "counts": {a: list(c) for a, c in t.counts.items()},
+            }
             for t in self.tensors
         ]
 
@@ -140,7 +144,16 @@ def format_table(
     stats: Iterable[AgentStats], r: float, alpha: float, rule: str = "clip", labels: Mapping[str, str] | None = None
 ) -> str:
     """A plain-text per-agent table in the spirit of the paper's Fig. 2."""
-    head = ("agent", "active", "density", "unique", "shared w/ 1", "w/ >=2", "rho", f"lambda ({_lambda_label(r, alpha, rule)})")
+    head = (
+        "agent",
+        "active",
+        "density",
+        "unique",
+        "shared w/ 1",
+        "w/ >=2",
+        "rho",
+        f"lambda ({_lambda_label(r, alpha, rule)})",
+    )
     rows = [head]
     for s in stats:
         uni, one, many = s.shares

@@ -53,9 +53,16 @@ _GRID = {
     # 2**13 float32 ULPs = a relative step of about 1e-3 (1/8 of a bf16 ULP).
     torch.float32: (torch.int32, 0x7FFFFFFF, 0x00800000, 0x7F7FFFFF, 1 << 13, "F32"),
 }
-_DTYPE_NAMES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-                "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-                "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+_DTYPE_NAMES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+}
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,7 @@ def _exact_mask(score: torch.Tensor, k: int, overlap: float) -> torch.Tensor:
     excess = int(mask.sum()) - k
     if excess > 0:  # ties at the threshold: keep the first ones
         ties = (score == thr).nonzero().squeeze(1)
-        mask[ties[ties.numel() - excess:]] = False
+        mask[ties[ties.numel() - excess :]] = False
     return mask
 
 
@@ -178,8 +185,7 @@ class _SafetensorsWriter:
         offset = 0
         for name, shape in specs:
             nbytes = math.prod(shape) * itemsize
-            header[name] = {"dtype": _GRID[dtype][5], "shape": list(shape),
-                            "data_offsets": [offset, offset + nbytes]}
+            header[name] = {"dtype": _GRID[dtype][5], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
@@ -216,8 +222,9 @@ def _resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     return dtype
 
 
-def _make_config(arch, hidden_size, num_layers, vocab_size, intermediate_size,
-                 num_heads, num_kv_heads, tie_word_embeddings, dtype):
+def _make_config(
+    arch, hidden_size, num_layers, vocab_size, intermediate_size, num_heads, num_kv_heads, tie_word_embeddings, dtype
+):
     from transformers import LlamaConfig, Qwen2Config
 
     classes = {"qwen2": (Qwen2Config, "Qwen2ForCausalLM"), "llama": (LlamaConfig, "LlamaForCausalLM")}
@@ -279,8 +286,11 @@ def _byte_symbols() -> list[str]:
             n += 1
     assert sorted(table.values()) == alphabet
     never_utf8 = {0xC0, 0xC1, *range(0xF5, 0x100)}
-    order = [*range(0x20, 0x7F), *(b for b in range(256) if not 0x20 <= b < 0x7F and b not in never_utf8),
-             *sorted(never_utf8)]
+    order = [
+        *range(0x20, 0x7F),
+        *(b for b in range(256) if not 0x20 <= b < 0x7F and b not in never_utf8),
+        *sorted(never_utf8),
+    ]
     return [table[b] for b in order]
 
 
@@ -300,8 +310,9 @@ def _save_tokenizer(folder: Path, vocab_size: int) -> None:
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<pad>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
     fast.save_pretrained(str(folder))
 
 
@@ -380,8 +391,17 @@ def build_workload(
     if intermediate_size is None:
         intermediate_size = -(-int(hidden_size * 2.75) // 16) * 16
 
-    cfg = _make_config(arch, hidden_size, num_layers, vocab_size, intermediate_size,
-                       num_heads, num_kv_heads, tie_word_embeddings, dtype)
+    cfg = _make_config(
+        arch,
+        hidden_size,
+        num_layers,
+        vocab_size,
+        intermediate_size,
+        num_heads,
+        num_kv_heads,
+        tie_word_embeddings,
+        dtype,
+    )
     specs = _tensor_specs(cfg)
     itemsize = torch.empty((), dtype=dtype).element_size()
     shards = _shard(specs, itemsize, shard_size)
@@ -419,8 +439,7 @@ def build_workload(
         for folder in folders:
             (folder / "model.safetensors.index.json").write_text(index)
 
-    return Workload(base=base_dir, agents=agent_dirs,
-                    num_parameters=sum(math.prod(shape) for _, shape in specs))
+    return Workload(base=base_dir, agents=agent_dirs, num_parameters=sum(math.prod(shape) for _, shape in specs))
 
 
 def _write_tensor(writers, name, shape, dtype, densities, overlap, seed) -> None:
@@ -432,8 +451,9 @@ def _write_tensor(writers, name, shape, dtype, densities, overlap, seed) -> None
     if kind != "norm" and exact:
         uniform = torch.cat([_uniform(seed, name, "u", c, b - a) for c, a, b in _chunks(numel)])
         for t, d in enumerate(densities):
-            score = torch.cat([_score_chunk(seed, name, t, c, b - a, uniform[a:b], overlap)
-                               for c, a, b in _chunks(numel)])
+            score = torch.cat(
+                [_score_chunk(seed, name, t, c, b - a, uniform[a:b], overlap) for c, a, b in _chunks(numel)]
+            )
             masks.append(_exact_mask(score, math.floor(d * numel + 0.5), overlap))
             del score
         del uniform
@@ -473,9 +493,17 @@ def write_example(out_dir: str | os.PathLike, *, overwrite: bool = False) -> Pat
         raise FileExistsError(f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} is not empty; pick an empty folder or pass overwrite=True")
-    wl = build_workload(out, arch="qwen2", hidden_size=64, num_layers=2, vocab_size=256,
-                        densities=tuple(EXAMPLE_DENSITIES.values()),
-                        agent_names=tuple(EXAMPLE_DENSITIES), dtype=torch.bfloat16, seed=0)
+    wl = build_workload(
+        out,
+        arch="qwen2",
+        hidden_size=64,
+        num_layers=2,
+        vocab_size=256,
+        densities=tuple(EXAMPLE_DENSITIES.values()),
+        agent_names=tuple(EXAMPLE_DENSITIES),
+        dtype=torch.bfloat16,
+        seed=0,
+    )
 
     def config(r: float) -> dict:
         return {
