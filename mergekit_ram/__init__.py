@@ -7,7 +7,7 @@ light: torch and mergekit load only when used.
 
 __version__ = "0.1.0"
 
-__all__ = ["merge_state_dicts", "agent_statistics", "ramplus", "__version__"]
+__all__ = ["__version__", "agent_statistics", "merge_state_dicts", "ramplus"]
 
 
 def __getattr__(name):

@@ -8,20 +8,20 @@ and merged once, as mergekit counts a tied lm_head once.
 
 from __future__ import annotations
 
-from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
+from collections.abc import Hashable, Mapping, Sequence
 
 import torch
 
 from mergekit_ram import kernel, statistics
 
 StateDict = Mapping[str, torch.Tensor]
-StateDictLike = Union[StateDict, torch.nn.Module]
-Agents = Union[Mapping[Hashable, StateDictLike], Sequence[StateDictLike]]
+StateDictLike = StateDict | torch.nn.Module
+Agents = Mapping[Hashable, StateDictLike] | Sequence[StateDictLike]
 
 
 def agent_statistics(
     base: StateDictLike, agents: Agents, *, epsilon: float = 1e-5
-) -> Dict[Hashable, statistics.AgentStats]:
+) -> dict[Hashable, statistics.AgentStats]:
     """Whole-model counts per agent (density, unique, shared, rho)."""
     _check_non_negative(epsilon=epsilon)
     base_sd, named = _inputs(base, agents)
@@ -38,7 +38,9 @@ def _count(base_sd: StateDict, named, epsilon: float) -> statistics.Statistics:
                 base_sd[key], [sd[key] for _, sd in named], epsilon, names=labels, tensor_name=key
             ).tolist()
             stats.tensors.append(
-                statistics.TensorCounts(key, base_sd[key].numel(), dict(zip(labels, map(tuple, counts))), epsilon)
+                statistics.TensorCounts(
+                    key, base_sd[key].numel(), dict(zip(labels, map(tuple, counts), strict=True)), epsilon
+                )
             )
     return stats
 
@@ -50,11 +52,11 @@ def merge_state_dicts(
     epsilon: float = 1e-5,
     r: float = 0.1,
     alpha: float = 2.0,
-    rho: Optional[Union[Mapping[Hashable, float], Sequence[float]]] = None,
+    rho: Mapping[Hashable, float] | Sequence[float] | None = None,
     rho_scope: str = "model",
     lambda_rule: str = "clip",
-    out_dtype: Optional[torch.dtype] = None,
-) -> Dict[str, torch.Tensor]:
+    out_dtype: torch.dtype | None = None,
+) -> dict[str, torch.Tensor]:
     """Merge agents into base with RAM+ (r = 0: plain RAM).
 
     rho is counted over the whole model (or per layer / tensor with
@@ -67,19 +69,19 @@ def merge_state_dicts(
     base_sd, named = _inputs(base, agents)
     names = [n for n, _ in named]
     given = _rho_values(rho, names)
-    scoped: Dict[str, Dict[str, float]] = {}
+    scoped: dict[str, dict[str, float]] = {}
     if r != 0 and any(v is None for v in given):
         scoped = _count(base_sd, named, epsilon).rho(rho_scope)
 
-    def lambdas_for(key: str) -> List[float]:
+    def lambdas_for(key: str) -> list[float]:
         if r == 0:
             return [1.0] * len(names)
         group = scoped.get(statistics.scope_group(key, rho_scope), {})
-        rhos = [group.get(str(n), 0.0) if v is None else v for n, v in zip(names, given)]
+        rhos = [group.get(str(n), 0.0) if v is None else v for n, v in zip(names, given, strict=True)]
         return [statistics.lambda_for(v, r, alpha, lambda_rule) for v in rhos]
 
-    merged: Dict[str, torch.Tensor] = {}
-    done: Dict[Tuple, torch.Tensor] = {}
+    merged: dict[str, torch.Tensor] = {}
+    done: dict[tuple, torch.Tensor] = {}
     with torch.no_grad():
         for key, tensor in base_sd.items():
             inputs = [sd[key] for _, sd in named]
@@ -114,8 +116,7 @@ def _inputs(base: StateDictLike, agents: Agents):
         missing, extra = set(base_sd) - set(sd), set(sd) - set(base_sd)
         if missing or extra:
             raise ValueError(
-                f"agent {name!r} does not match the base: missing {sorted(missing)[:5]}, "
-                f"extra {sorted(extra)[:5]}"
+                f"agent {name!r} does not match the base: missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}"
             )
     return base_sd, named
 
@@ -123,14 +124,12 @@ def _inputs(base: StateDictLike, agents: Agents):
 def _as_state_dict(model: StateDictLike, label: str) -> StateDict:
     if isinstance(model, torch.nn.Module):
         return model.state_dict()
-    if not isinstance(model, Mapping) or not all(
-        isinstance(v, torch.Tensor) for v in model.values()
-    ):
+    if not isinstance(model, Mapping) or not all(isinstance(v, torch.Tensor) for v in model.values()):
         raise TypeError(f"{label} must be a torch.nn.Module or a mapping of name to tensor")
     return model
 
 
-def _float_keys(base_sd: StateDict, named) -> List[str]:
+def _float_keys(base_sd: StateDict, named) -> list[str]:
     keys, seen = [], set()
     for key, tensor in base_sd.items():
         inputs = [sd[key] for _, sd in named]
@@ -143,7 +142,7 @@ def _float_keys(base_sd: StateDict, named) -> List[str]:
     return keys
 
 
-def _storage_key(tensor: torch.Tensor, inputs: Sequence[torch.Tensor]) -> Tuple:
+def _storage_key(tensor: torch.Tensor, inputs: Sequence[torch.Tensor]) -> tuple:
     return tuple(
         (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
         for t in [tensor, *inputs]
@@ -151,13 +150,13 @@ def _storage_key(tensor: torch.Tensor, inputs: Sequence[torch.Tensor]) -> Tuple:
 
 
 def _copy_buffer(key, tensor, inputs, names) -> torch.Tensor:
-    for name, other in zip(names, inputs):
+    for name, other in zip(names, inputs, strict=True):
         if other.dtype != tensor.dtype or not torch.equal(other, tensor):
             raise ValueError(f"non-float tensor {key} differs between the base and agent {name!r}")
     return tensor.clone()
 
 
-def _rho_values(rho, names) -> List[Optional[float]]:
+def _rho_values(rho, names) -> list[float | None]:
     if rho is None:
         return [None] * len(names)
     if isinstance(rho, Mapping):
@@ -166,7 +165,7 @@ def _rho_values(rho, names) -> List[Optional[float]]:
         values = list(rho)
         if len(values) != len(names):
             raise ValueError(f"rho has {len(values)} values for {len(names)} agents")
-    for name, value in zip(names, values):
+    for name, value in zip(names, values, strict=True):
         if value is not None and not value >= 0:
             raise ValueError(f"rho for agent {name!r} must be >= 0, got {value}")
     return values

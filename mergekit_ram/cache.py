@@ -19,8 +19,9 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
 LOG = logging.getLogger("mergekit_ram")
 
@@ -28,7 +29,7 @@ FORMAT = 2
 _OFF = {"off", "0", "false", "no", "none", ""}
 
 
-def directory() -> Optional[Path]:
+def directory() -> Path | None:
     """The cache folder, or None when caching is off."""
     value = os.environ.get("MERGEKIT_RAM_CACHE")
     if value is not None:
@@ -46,7 +47,12 @@ def folder_identity(path: str) -> dict:
         if not os.path.isfile(full):
             continue
         st = os.stat(full)  # follows hub symlinks to their blobs
-        entry = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
+        entry: dict[str, int | str] = {
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns,
+            "inode": st.st_ino,
+        }
         if name.endswith(".safetensors"):
             entry["header_sha256"] = _safetensors_header_hash(full)
             entry["sample_sha256"] = _sample_hash(full, st.st_size)
@@ -64,7 +70,7 @@ def key(parts: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def load(digest: str) -> Optional[dict]:
+def load(digest: str) -> dict | None:
     """The cached entry for `digest`, or None (missing, corrupt or stale)."""
     folder = directory()
     if folder is None:
@@ -86,12 +92,18 @@ def load(digest: str) -> Optional[dict]:
         return None
 
 
-def store(digest: str, agents: list, tensors: list) -> Optional[Path]:
+def store(digest: str, agents: list, tensors: list) -> Path | None:
     """Write an entry atomically; a cache that cannot be written is only a warning."""
     folder = directory()
     if folder is None:
         return None
-    entry = {"format": FORMAT, "key": digest, "agents": agents, "checksum": _checksum(agents, tensors), "tensors": tensors}
+    entry = {
+        "format": FORMAT,
+        "key": digest,
+        "agents": agents,
+        "checksum": _checksum(agents, tensors),
+        "tensors": tensors,
+    }
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{digest}.", suffix=".tmp", dir=folder)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from mergekit_ram.method import ramplus
 
@@ -41,7 +41,7 @@ def check_config(config: Any, *, parameters: bool = True) -> None:
 def _check_parameter_names(config: Any) -> None:
     shared = {p.name for p in ramplus.spec.shared_parameters}
     per_model = {p.name for p in ramplus.spec.input_parameters}
-    places: List[Tuple[str, Optional[dict], bool]] = [("parameters", config.parameters, True)]
+    places: list[tuple[str, dict | None, bool]] = [("parameters", config.parameters, True)]
     for i, m in enumerate(config.models or []):
         places.append((f"models[{i}] ({m.model}).parameters", m.parameters, False))
     groups = [("", config.slices or [])] + [
@@ -97,7 +97,7 @@ def warn_stored_dtypes(planner: Any, task: Any) -> None:
     from mergekit.common import dtype_from_name
     from mergekit.io.tasks import LoaderCache
 
-    stored: Dict[Any, str] = {}
+    stored: dict[Any, str] = {}
     for model, weight in _weight_infos(task).items():
         try:
             index = LoaderCache().get(model).index
@@ -135,7 +135,7 @@ def warn_stored_dtypes(planner: Any, task: Any) -> None:
         )
 
 
-def _weight_infos(task: Any) -> Dict[Any, Any]:
+def _weight_infos(task: Any) -> dict[Any, Any]:
     gather = task.gather_tensors
     while not hasattr(gather, "weight_info") and hasattr(gather, "gather_tensors"):
         gather = gather.gather_tensors

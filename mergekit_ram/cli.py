@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 PROG = "mergekit-ram"
 
@@ -103,16 +103,15 @@ def _add_inspect(subparsers) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    import json
     import logging
 
     import yaml
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    import mergekit_ram  # noqa: F401  (registers ramplus, installs the pre-pass)
     from mergekit.config import MergeConfiguration
     from mergekit.options import MergeOptions
 
+    import mergekit_ram  # noqa: F401  (registers ramplus, installs the pre-pass)
     from mergekit_ram import hook, prepass, report, statistics
 
     if not args.config.is_file():
@@ -122,8 +121,17 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         if value is not None and (not value >= 0 or value == float("inf")):
             raise _UsageError(f"--{name} must be a finite number >= 0, got {value}")
     config = MergeConfiguration.model_validate(yaml.safe_load(args.config.read_text(encoding="utf-8")))
-    flags = ("cuda", "device", "low_cpu_memory", "read_to_gpu", "multi_gpu", "trust_remote_code",
-             "unsafe_truncate_embeddings", "allow_crimes", "quiet")
+    flags = (
+        "cuda",
+        "device",
+        "low_cpu_memory",
+        "read_to_gpu",
+        "multi_gpu",
+        "trust_remote_code",
+        "unsafe_truncate_embeddings",
+        "allow_crimes",
+        "quiet",
+    )
     options = MergeOptions(**{f: getattr(args, f) for f in flags if getattr(args, f) not in (None, False)})
     hook.install()  # idempotent: the start-up hook normally did it already
     found, stats = prepass.inspect_config(config, options)

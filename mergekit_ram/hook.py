@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Callable, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 from mergekit_ram import checks, loading, prepass, report
 from mergekit_ram.method import resolves_to_ours
@@ -41,15 +42,15 @@ _TASK_FIELDS = (
     "dtype",
 )
 _MARK = "__mergekit_ram_prepass__"
-_unavailable: Optional[str] = None
-_card_report: Optional[Tuple[Any, dict]] = None  # (config, report) of the merge being planned, for its card
+_unavailable: str | None = None
+_card_report: tuple[Any, dict] | None = None  # (config, report) of the merge being planned, for its card
 
 
 class IncompatibleMergekit(RuntimeError):
     """mergekit's private planning surface is not what this release was built for."""
 
 
-def unavailable_reason() -> Optional[str]:
+def unavailable_reason() -> str | None:
     """Why the pre-pass could not be installed, or None when it is active."""
     return _unavailable
 
@@ -93,7 +94,7 @@ def install() -> None:
 
 def install_card() -> None:
     """Append the RAM+ section to the model card `mergekit.merge` writes; load fast during `ramplus` merges."""
-    merge = sys.modules.get("mergekit.merge")
+    merge: Any = sys.modules.get("mergekit.merge")
     run_merge = getattr(merge, "run_merge", None)
     if run_merge is not None and not getattr(run_merge, _MARK, False):
 
@@ -104,7 +105,7 @@ def install_card() -> None:
                 return run_merge(merge_config, *args, **kwargs)
 
         _mark(run_merge_wrapper, run_merge)
-        setattr(merge, "run_merge", run_merge_wrapper)
+        merge.run_merge = run_merge_wrapper
     current = getattr(merge, "generate_card", None)
     if merge is None or current is None or getattr(current, _MARK, False):
         return
@@ -118,7 +119,7 @@ def install_card() -> None:
         return card.rstrip("\n") + "\n\n" + report.card_section(pending[1])
 
     _mark(generate_card, current)
-    setattr(merge, "generate_card", generate_card)
+    merge.generate_card = generate_card
 
 
 def _wrap(cls: type, name: str, replacement: Callable[..., Any]) -> None:
@@ -131,10 +132,10 @@ def _wrap(cls: type, name: str, replacement: Callable[..., Any]) -> None:
     setattr(cls, name, wrapper)
 
 
-def _mark(wrapper: Callable[..., Any], original: Callable[..., Any]) -> None:
+def _mark(wrapper: Any, original: Callable[..., Any]) -> None:
     wrapper.__qualname__ = f"mergekit_ram[{original.__qualname__}]"
     wrapper.__doc__ = original.__doc__
-    setattr(wrapper, "__wrapped__", original)
+    wrapper.__wrapped__ = original
     setattr(wrapper, _MARK, True)
 
 
@@ -147,7 +148,7 @@ def _plan(original: Callable[[Any], None], planner: Any) -> None:
         prepass.run(planner)
 
 
-def _plan_to_disk(original: Callable[[Any, str], List[Any]], planner: Any, out_path: str) -> List[Any]:
+def _plan_to_disk(original: Callable[[Any, str], list[Any]], planner: Any, out_path: str) -> list[Any]:
     global _card_report
     ours = resolves_to_ours(planner.config.merge_method)
     if ours:

@@ -13,7 +13,7 @@ over memory instead of ~8 per agent); the torch code below is the portable path
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -56,9 +56,9 @@ def count(
     agents: Sequence[torch.Tensor],
     epsilon: float,
     *,
-    names: Optional[Sequence[str]] = None,
-    tensor_name: Optional[str] = None,
-    chunk: Optional[int] = None,
+    names: Sequence[str] | None = None,
+    tensor_name: str | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Per agent: its active entries, those no other agent changed (unique), and
     those exactly one other agent changed too (pair).
@@ -112,10 +112,10 @@ def merge(
     lambdas: Sequence[float],
     epsilon: float,
     *,
-    out_dtype: Optional[torch.dtype] = None,
-    names: Optional[Sequence[str]] = None,
-    tensor_name: Optional[str] = None,
-    chunk: Optional[int] = None,
+    out_dtype: torch.dtype | None = None,
+    names: Sequence[str] | None = None,
+    tensor_name: str | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Eq. 7: base where no agent is active, base + lambda_t * tau_t where only
     agent t is, base + the mean of the active deltas where two or more are.
@@ -193,7 +193,7 @@ def _compute_dtype(base: torch.Tensor, agents: Sequence[torch.Tensor]) -> torch.
     return torch.float64 if _promoted(base, agents) == torch.float64 else torch.float32
 
 
-def _chunk(base: torch.Tensor, chunk: Optional[int]) -> int:
+def _chunk(base: torch.Tensor, chunk: int | None) -> int:
     if chunk is not None:
         if chunk < 1:
             raise ValueError("chunk must be positive")
@@ -201,7 +201,7 @@ def _chunk(base: torch.Tensor, chunk: Optional[int]) -> int:
     return CHUNK_CPU if base.device.type == "cpu" else CHUNK_ACCELERATOR
 
 
-def _label(names: Optional[Sequence[str]], index: int) -> str:
+def _label(names: Sequence[str] | None, index: int) -> str:
     return names[index] if names is not None else f"agent #{index}"
 
 
@@ -212,8 +212,7 @@ def _check_shapes(base, agents, names, tensor_name) -> None:
     for i, a in enumerate(agents):
         if a.shape != base.shape:
             raise ValueError(
-                f"shape mismatch{where}: {_label(names, i)} has {tuple(a.shape)}, "
-                f"base has {tuple(base.shape)}"
+                f"shape mismatch{where}: {_label(names, i)} has {tuple(a.shape)}, base has {tuple(base.shape)}"
             )
         if a.device != base.device:
             raise ValueError(f"device mismatch{where}: {_label(names, i)} is on {a.device}")

@@ -27,7 +27,8 @@ import inspect
 import logging
 import threading
 import weakref
-from typing import Any, Dict, Iterator, List, Optional
+from collections.abc import Iterator
+from typing import Any
 
 LOG = logging.getLogger("mergekit_ram")
 
@@ -42,9 +43,9 @@ _KNOWN = {
 _MARK = "__mergekit_ram_loading__"
 _depth = 0
 _depth_lock = threading.Lock()
-_status: Optional[str] = None  # None: not tried yet; "" installed; else why not
+_status: str | None = None  # None: not tried yet; "" installed; else why not
 #: loader -> {"model_type": its model type, model type -> reachable(...)}, built once per model and run
-_plans: "weakref.WeakKeyDictionary[Any, Dict[str, Any]]" = weakref.WeakKeyDictionary()
+_plans: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 def _fingerprint(function) -> str:
@@ -68,7 +69,9 @@ def install() -> str:
             "_iter_transform_matches": conversion._iter_transform_matches,
             "_expanded_target_keys": conversion._expanded_target_keys,
         }
-        changed = [name for name, f in found.items() if not getattr(f, _MARK, False) and _fingerprint(f) != _KNOWN[name]]
+        changed = [
+            name for name, f in found.items() if not getattr(f, _MARK, False) and _fingerprint(f) != _KNOWN[name]
+        ]
         if changed:
             _status = "mergekit's loader differs from 0.1.5 (" + ", ".join(changed) + ")"
         else:
@@ -161,7 +164,7 @@ def _load_converted_tensor(original, self, loader):
     if model_type not in found:
         found[model_type] = reachable(model_type, list(loader.index.tensor_paths))
     sources = found[model_type]
-    for target in [self.tensor] + list(self.aliases or []):
+    for target in [self.tensor, *(self.aliases or ())]:
         keys = sources.get(target)
         if not keys:
             continue
@@ -172,7 +175,7 @@ def _load_converted_tensor(original, self, loader):
     return original(self, loader)  # nothing found among the filtered names: mergekit's full search
 
 
-def reachable(model_type: Optional[str], names: List[str]) -> Dict[str, List[str]]:
+def reachable(model_type: str | None, names: list[str]) -> dict[str, list[str]]:
     """For every name a conversion can produce, the source names that can contribute to it.
 
     Runs `convert_checkpoint_tensors`' own matching (`_iter_transform_matches`,
@@ -189,9 +192,9 @@ def reachable(model_type: Optional[str], names: List[str]) -> Dict[str, List[str
     transforms = get_checkpoint_conversion_mapping(model_type) if model_type else None
     if not transforms:
         return {}
-    origin: Dict[str, set] = {name: {name} for name in names}
+    origin: dict[str, set] = {name: {name} for name in names}
     for transform in transforms:
-        produced: Dict[str, set] = {}
+        produced: dict[str, set] = {}
         for match in _iter_transform_matches(transform, {name: name for name in origin}):
             roots = origin[match.source_key]
             if isinstance(transform, WeightRenaming):
@@ -202,8 +205,4 @@ def reachable(model_type: Optional[str], names: List[str]) -> Dict[str, List[str
         for name, roots in produced.items():
             origin.setdefault(name, set()).update(roots)
     order = {name: i for i, name in enumerate(names)}
-    return {
-        target: sorted(roots, key=order.__getitem__)
-        for target, roots in origin.items()
-        if roots != {target}
-    }
+    return {target: sorted(roots, key=order.__getitem__) for target, roots in origin.items() if roots != {target}}

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Literal, Optional, Sequence
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import AfterValidator
-from typing_extensions import Annotated
-
 from mergekit.merge_methods import (
     BasePolicy,
     InputContract,
@@ -27,6 +25,7 @@ from mergekit.merge_methods import (
     TensorGroup,
     merge_method,
 )
+from pydantic import AfterValidator
 
 from mergekit_ram import kernel, statistics
 
@@ -46,7 +45,7 @@ def _non_negative(name: str, *, finite: bool = True):
 Epsilon = Annotated[float, _non_negative("epsilon")]
 R = Annotated[float, _non_negative("r")]
 Alpha = Annotated[float, _non_negative("alpha")]
-Rho = Optional[Annotated[float, _non_negative("rho", finite=False)]]
+Rho = Annotated[float, _non_negative("rho", finite=False)] | None
 
 
 @merge_method(
@@ -69,7 +68,7 @@ def ramplus(
     if r == 0:
         lambdas = [1.0] * len(agents)
     else:
-        missing = [name for entry, name in zip(agents, names) if rho[entry.id] is None]
+        missing = [name for entry, name in zip(agents, names, strict=True) if rho[entry.id] is None]
         if missing:
             raise RuntimeError(_missing_rho_message(group.metadata.name, missing))
         lambdas = [statistics.lambda_for(rho[e.id], r, alpha, lambda_rule) for e in agents]
@@ -105,7 +104,7 @@ def _origin(method: Any) -> str:
     return str(getattr(getattr(method, "implementation", method), "__module__", "?"))
 
 
-def _missing_rho_message(tensor: Optional[str], missing: Sequence[str]) -> str:
+def _missing_rho_message(tensor: str | None, missing: Sequence[str]) -> str:
     hook = sys.modules.get("mergekit_ram.hook")  # not imported: no hook loaded means none failed
     reason = hook.unavailable_reason() if hook is not None else None
     return (

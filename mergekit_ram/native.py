@@ -19,9 +19,9 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 
@@ -32,15 +32,15 @@ _NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _MIN_SPLIT = 1 << 20  # below this, one thread: splitting costs more than it saves
 _lock = threading.Lock()
 _lib = None
-_failed: Optional[str] = None
-_pool: Optional[ThreadPoolExecutor] = None
+_failed: str | None = None
+_pool: ThreadPoolExecutor | None = None
 
 
 def enabled() -> bool:
     return os.environ.get("MERGEKIT_RAM_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def supports(base: torch.Tensor, agents: Sequence[torch.Tensor], out_dtype: Optional[torch.dtype] = None) -> bool:
+def supports(base: torch.Tensor, agents: Sequence[torch.Tensor], out_dtype: torch.dtype | None = None) -> bool:
     """True when the fused loops apply: CPU, one float dtype of 16/32 bits, < 255 agents."""
     if not enabled() or base.device.type != "cpu" or base.dtype not in _NAMES or len(agents) >= 255:
         return False
@@ -81,8 +81,12 @@ def count(base: torch.Tensor, agents: Sequence[torch.Tensor], epsilon: float) ->
         start, stop = parts[i]
         shifted = (ctypes.c_void_p * len(agents))(*[p + start * size for p in pointers])
         return getattr(lib, f"count_{name}")(
-            base.data_ptr() + start * size, shifted, len(agents), ctypes.c_float(epsilon),
-            stop - start, results[i].data_ptr(),
+            base.data_ptr() + start * size,
+            shifted,
+            len(agents),
+            ctypes.c_float(epsilon),
+            stop - start,
+            results[i].data_ptr(),
         )
 
     bad = _map(run, len(parts))
@@ -103,8 +107,13 @@ def merge(base, agents, lambdas, epsilon: float, out: torch.Tensor) -> bool:
         start, stop = parts[i]
         shifted = (ctypes.c_void_p * len(agents))(*[p + start * size for p in pointers])
         return fn(
-            base.data_ptr() + start * size, shifted, len(agents), lams, ctypes.c_float(epsilon),
-            stop - start, out.data_ptr() + start * osize,
+            base.data_ptr() + start * size,
+            shifted,
+            len(agents),
+            lams,
+            ctypes.c_float(epsilon),
+            stop - start,
+            out.data_ptr() + start * osize,
         )
 
     return any(b != 0 for b in _map(run, len(parts)))

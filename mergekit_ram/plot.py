@@ -5,13 +5,13 @@ Optional: needs matplotlib (`pip install "mergekit-ram[plot]"`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 from mergekit_ram.statistics import Statistics
 
 
-def heatmap(stats: Statistics, path: Path, labels: Optional[Mapping[str, str]] = None) -> Path:
+def heatmap(stats: Statistics, path: Path, labels: Mapping[str, str] | None = None) -> Path:
     """Write a PNG with two heat maps (density, unique share), one row per layer."""
     try:
         import matplotlib
@@ -47,8 +47,15 @@ def heatmap(stats: Statistics, path: Path, labels: Optional[Mapping[str, str]] =
         if len(rows) <= 48:
             for i, row in enumerate(data):
                 for j, value in enumerate(row):
-                    ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=7,
-                            color="white" if value < 60 else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{value:.0f}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if value < 60 else "black",
+                    )
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.suptitle("RAM+ statistics per layer and agent", fontsize=11)
     path = Path(path)

@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 import tempfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from mergekit.graph import Task
 
@@ -34,7 +34,7 @@ LOG = logging.getLogger("mergekit_ram")
 STATS_FILE = "ram_stats.json"
 
 
-def run(planner) -> Optional[Dict[str, statistics.AgentStats]]:
+def run(planner) -> dict[str, statistics.AgentStats] | None:
     """Count (or load), reduce to rho per scope, inject into the planned tasks.
 
     Returns per-agent whole-model stats, or None when no statistics were needed
@@ -57,9 +57,7 @@ def run(planner) -> Optional[Dict[str, statistics.AgentStats]]:
         LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")
     if stats is not None:
         _inject(planner, planned, stats, needs)
-    planner._mergekit_ram_report = report.build(
-        stats, tasks, source=source, identities=_identities(planner, tasks[0])
-    )
+    planner._mergekit_ram_report = report.build(stats, tasks, source=source, identities=_identities(planner, tasks[0]))
     if stats is None:
         return None
     totals = stats.totals()
@@ -91,15 +89,15 @@ def _planned(planner):
     return planned
 
 
-def _agents(task) -> List[Any]:
+def _agents(task) -> list[Any]:
     return [m for m in task.model_order if m != task.base_model]
 
 
-def _statistics(planner, tasks, *, compute: bool) -> Tuple[Optional[statistics.Statistics], str]:
+def _statistics(planner, tasks, *, compute: bool) -> tuple[statistics.Statistics | None, str]:
     agents = [str(m) for m in _agents(tasks[0])]
     digest = _cache_key(planner, tasks)
     entry = cache.load(digest) if digest else None
-    if entry is not None and _covers(entry, agents, tasks):
+    if digest and entry is not None and _covers(entry, agents, tasks):
         LOG.info("ramplus: statistics from cache %s (no tensor read)", digest[:12])
         return statistics.Statistics.from_json(entry["agents"], entry["tensors"]), "cache"
     if not compute:
@@ -110,7 +108,7 @@ def _statistics(planner, tasks, *, compute: bool) -> Tuple[Optional[statistics.S
     return stats, "computed"
 
 
-def _covers(entry: dict, agents: List[str], tasks) -> bool:
+def _covers(entry: dict, agents: list[str], tasks) -> bool:
     """An entry must name these agents and every planned tensor (buffers aside)."""
     names = {t["name"] for t in entry["tensors"]}
     planned = {t.output_weight.name for t in tasks}
@@ -120,7 +118,7 @@ def _covers(entry: dict, agents: List[str], tasks) -> bool:
     return False
 
 
-def _cache_key(planner, tasks) -> Optional[str]:
+def _cache_key(planner, tasks) -> str | None:
     if cache.directory() is None:
         return None
     try:
@@ -129,7 +127,14 @@ def _cache_key(planner, tasks) -> Optional[str]:
             "kernel": "active=|tau|>eps; tau in float32 (float64 for float64 inputs)",
             "models": {str(m): _folder_identity(m) for m in sorted(models, key=str)},
             "tensors": [
-                [t.output_weight.name, _plain(t.gather_tensors), t.parameters["epsilon"], t.dtype, [str(m) for m in t.model_order], str(t.base_model)]
+                [
+                    t.output_weight.name,
+                    _plain(t.gather_tensors),
+                    t.parameters["epsilon"],
+                    t.dtype,
+                    [str(m) for m in t.model_order],
+                    str(t.base_model),
+                ]
                 for t in tasks
             ],
         }
@@ -145,7 +150,7 @@ def _folder_identity(model) -> dict:
     return cache.folder_identity(LoaderCache().get(model).index.base_path)
 
 
-def _identities(planner, task) -> Dict[str, dict]:
+def _identities(planner, task) -> dict[str, dict]:
     out = {}
     for model in task.model_order:
         try:
@@ -176,7 +181,7 @@ def _plain(value):
 def _inject(planner, planned, stats: statistics.Statistics, needs) -> None:
     from mergekit.common import ImmutableMap
 
-    by_scope: Dict[str, Dict[str, Dict[str, float]]] = {}
+    by_scope: dict[str, dict[str, dict[str, float]]] = {}
     for index, task in planned:
         scope = task.parameters["rho_scope"]
         if scope not in by_scope:
@@ -193,7 +198,7 @@ def _inject(planner, planned, stats: statistics.Statistics, needs) -> None:
         planner._tensors[index] = (weight, task.model_copy(update={"input_parameters": ImmutableMap(data=inputs)}))
 
 
-def _count(planner, tasks) -> List[statistics.TensorCounts]:
+def _count(planner, tasks) -> list[statistics.TensorCounts]:
     from mergekit.graph import Executor
     from mergekit.multigpu_executor import MultiGPUExecutor
 
@@ -213,7 +218,7 @@ def _count(planner, tasks) -> List[statistics.TensorCounts]:
     return [found[t.output_weight.name] for t in tasks if t.output_weight.name in found]
 
 
-class CountTask(Task[Optional[statistics.TensorCounts]]):
+class CountTask(Task[statistics.TensorCounts | None]):
     """Counts one planned tensor exactly as its ExecuteMergeMethodTask will see it."""
 
     merge_task: Any
@@ -221,13 +226,13 @@ class CountTask(Task[Optional[statistics.TensorCounts]]):
     def arguments(self):
         return {"tensors": self.merge_task.gather_tensors}
 
-    def group_label(self) -> Optional[str]:
+    def group_label(self) -> str | None:
         return self.merge_task.group_label()
 
     def uses_accelerator(self) -> bool:
         return True
 
-    def execute(self, tensors, **_kwargs) -> Optional[statistics.TensorCounts]:
+    def execute(self, tensors, **_kwargs) -> statistics.TensorCounts | None:
         from mergekit.common import dtype_from_name
         from mergekit.merge_methods import TensorEntry, TensorGroup, TensorMetadata, get
         from mergekit.merge_methods.dtype import align_dtype
@@ -250,7 +255,7 @@ class CountTask(Task[Optional[statistics.TensorCounts]]):
         epsilon = task.parameters["epsilon"]
         counts = kernel.count(group.base.tensor, [e.tensor for e in agents], epsilon, names=labels, tensor_name=name)
         return statistics.TensorCounts(
-            name, group.base.tensor.numel(), dict(zip(labels, map(tuple, counts.tolist()))), epsilon
+            name, group.base.tensor.numel(), dict(zip(labels, map(tuple, counts.tolist()), strict=True)), epsilon
         )
 
 

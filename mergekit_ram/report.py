@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Dict, List, Optional
 
 from mergekit_ram import statistics
 
@@ -36,7 +35,7 @@ _PARAMETERS = ("epsilon", "r", "alpha", "rho_scope", "lambda_rule")
 PROJECT_URL = "https://pypi.org/project/mergekit-ram/"
 
 
-def build(stats: Optional[statistics.Statistics], tasks, *, source: str, identities: Dict[str, dict]) -> dict:
+def build(stats: statistics.Statistics | None, tasks, *, source: str, identities: dict[str, dict]) -> dict:
     """The report of one planned ramplus merge (`tasks`: its ExecuteMergeMethodTasks)."""
     first = tasks[0]
     params = {k: first.parameters[k] for k in _PARAMETERS}
@@ -102,7 +101,7 @@ def dumps(report: dict) -> str:
     return json.dumps(report, indent=2, allow_nan=False) + "\n"
 
 
-def versions() -> Dict[str, str]:
+def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
@@ -124,7 +123,7 @@ def public_identity(identity: dict) -> dict:
     return out
 
 
-def agent_rows(report: dict) -> List[List[str]]:
+def agent_rows(report: dict) -> list[list[str]]:
     """Per-agent table cells: model, density, unique, w/ 1, w/ >=2, rho, lambda."""
     rows = []
     for a in report["agents"]:

@@ -4,7 +4,8 @@
 meta-path finder (no torch, no mergekit import) that runs a small hook right
 after mergekit's own modules finish loading: register `ramplus` once
 `mergekit.merge_methods` exists, install the statistics pre-pass once
-`mergekit.plan` exists, extend the model card once `mergekit.merge` exists. A failing hook logs a warning and never raises into
+`mergekit.plan` exists (`mergekit_ram.hook`), extend the model card once
+`mergekit.merge` exists. A failing hook logs a warning and never raises into
 mergekit. `MERGEKIT_RAM_DISABLE=1` makes the .pth do nothing.
 """
 
@@ -13,8 +14,8 @@ import importlib.util
 import sys
 
 _lock = _thread.RLock()
-_busy = set()
-_warned = set()
+_busy: set[str] = set()
+_warned: set[str] = set()
 
 
 def _log():
@@ -119,7 +120,8 @@ class _Finder:
             _busy.discard(name)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return None
-        spec.loader = _Loader(spec.loader, hook)
+        # duck-typed: subclassing importlib.abc.Loader would import it at every interpreter start
+        spec.loader = _Loader(spec.loader, hook)  # type: ignore[assignment]
         return spec
 
 
@@ -130,9 +132,7 @@ def install():
     """Add the finder once; run hooks for modules that are already loaded."""
     if _FINDER not in sys.meta_path:
         # a reloaded copy of this module leaves its old finder behind: replace it
-        sys.meta_path[:] = [
-            f for f in sys.meta_path if not getattr(f, "__mergekit_ram_finder__", False)
-        ]
+        sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__mergekit_ram_finder__", False)]
         sys.meta_path.insert(0, _FINDER)
     for name, hook in _HOOKS.items():
         if name in sys.modules and name != "mergekit_ram.method":

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from mergekit_ram import kernel
 
@@ -40,7 +40,7 @@ class AgentStats:
         return self.active / self.numel if self.numel else 0.0
 
     @property
-    def shares(self) -> Tuple[float, float, float]:
+    def shares(self) -> tuple[float, float, float]:
         """Of the active entries: unique, shared with 1 other, with >= 2 others."""
         if not self.active:
             return (0.0, 0.0, 0.0)
@@ -70,8 +70,8 @@ class TensorCounts:
 
     name: str
     numel: int
-    counts: Mapping[str, Tuple[int, int, int]]
-    epsilon: Optional[float] = None
+    counts: Mapping[str, tuple[int, int, int]]
+    epsilon: float | None = None
 
 
 def scope_group(tensor: str, scope: str) -> str:
@@ -91,10 +91,10 @@ def scope_group(tensor: str, scope: str) -> str:
 class Statistics:
     """All counts of one pre-pass, in planning order."""
 
-    agents: List[str]
-    tensors: List[TensorCounts] = field(default_factory=list)
+    agents: list[str]
+    tensors: list[TensorCounts] = field(default_factory=list)
 
-    def totals(self, tensors: Optional[Iterable[TensorCounts]] = None) -> Dict[str, AgentStats]:
+    def totals(self, tensors: Iterable[TensorCounts] | None = None) -> dict[str, AgentStats]:
         """Sum counts per agent over `tensors` (default: the whole model)."""
         sums = {a: [0, 0, 0, 0] for a in self.agents}
         for t in self.tensors if tensors is None else tensors:
@@ -106,27 +106,31 @@ class Statistics:
                 row[3] += t.numel
         return {a: AgentStats(a, act, uni, numel, pair) for a, (act, uni, pair, numel) in sums.items()}
 
-    def groups(self, scope: str) -> Dict[str, List[TensorCounts]]:
-        out: Dict[str, List[TensorCounts]] = {}
+    def groups(self, scope: str) -> dict[str, list[TensorCounts]]:
+        out: dict[str, list[TensorCounts]] = {}
         for t in self.tensors:
             out.setdefault(scope_group(t.name, scope), []).append(t)
         return out
 
-    def rho(self, scope: str = "model") -> Dict[str, Dict[str, float]]:
+    def rho(self, scope: str = "model") -> dict[str, dict[str, float]]:
         """group -> agent -> rho, for the given scope."""
         return {
-            group: {a: s.rho for a, s in self.totals(members).items()}
-            for group, members in self.groups(scope).items()
+            group: {a: s.rho for a, s in self.totals(members).items()} for group, members in self.groups(scope).items()
         }
 
-    def to_json(self) -> List[dict]:
+    def to_json(self) -> list[dict]:
         return [
-            {"name": t.name, "numel": t.numel, "epsilon": t.epsilon, "counts": {a: list(c) for a, c in t.counts.items()}}
+            {
+                "name": t.name,
+                "numel": t.numel,
+                "epsilon": t.epsilon,
+                "counts": {a: list(c) for a, c in t.counts.items()},
+            }
             for t in self.tensors
         ]
 
     @classmethod
-    def from_json(cls, agents: Sequence[str], tensors: Iterable[dict]) -> "Statistics":
+    def from_json(cls, agents: Sequence[str], tensors: Iterable[dict]) -> Statistics:
         return cls(
             list(agents),
             [
@@ -137,10 +141,19 @@ class Statistics:
 
 
 def format_table(
-    stats: Iterable[AgentStats], r: float, alpha: float, rule: str = "clip", labels: Optional[Mapping[str, str]] = None
+    stats: Iterable[AgentStats], r: float, alpha: float, rule: str = "clip", labels: Mapping[str, str] | None = None
 ) -> str:
     """A plain-text per-agent table in the spirit of the paper's Fig. 2."""
-    head = ("agent", "active", "density", "unique", "shared w/ 1", "w/ >=2", "rho", f"lambda ({_lambda_label(r, alpha, rule)})")
+    head = (
+        "agent",
+        "active",
+        "density",
+        "unique",
+        "shared w/ 1",
+        "w/ >=2",
+        "rho",
+        f"lambda ({_lambda_label(r, alpha, rule)})",
+    )
     rows = [head]
     for s in stats:
         uni, one, many = s.shares
@@ -157,7 +170,7 @@ def format_table(
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -18,9 +18,9 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 import torch
 
@@ -53,9 +53,16 @@ _GRID = {
     # 2**13 float32 ULPs = a relative step of about 1e-3 (1/8 of a bf16 ULP).
     torch.float32: (torch.int32, 0x7FFFFFFF, 0x00800000, 0x7F7FFFFF, 1 << 13, "F32"),
 }
-_DTYPE_NAMES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-                "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-                "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+_DTYPE_NAMES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+}
 
 
 @dataclass(frozen=True)
@@ -131,15 +138,13 @@ def _exact_mask(score: torch.Tensor, k: int, overlap: float) -> torch.Tensor:
     hi = _score_quantile(min(1.0, (k + slack) / n), overlap)
     j = k - int((score <= lo).sum())
     band = score[(score > lo) & (score <= hi)]
-    if 0 < j <= band.numel():
-        thr = band.kthvalue(j).values
-    else:  # estimate missed (tiny tensors): search everything
-        thr = score.kthvalue(k).values
+    # where the estimate missed (tiny tensors), search everything
+    thr = band.kthvalue(j).values if 0 < j <= band.numel() else score.kthvalue(k).values
     mask = score <= thr
     excess = int(mask.sum()) - k
     if excess > 0:  # ties at the threshold: keep the first ones
         ties = (score == thr).nonzero().squeeze(1)
-        mask[ties[ties.numel() - excess:]] = False
+        mask[ties[ties.numel() - excess :]] = False
     return mask
 
 
@@ -180,21 +185,20 @@ class _SafetensorsWriter:
         offset = 0
         for name, shape in specs:
             nbytes = math.prod(shape) * itemsize
-            header[name] = {"dtype": _GRID[dtype][5], "shape": list(shape),
-                            "data_offsets": [offset, offset + nbytes]}
+            header[name] = {"dtype": _GRID[dtype][5], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
         self.expected = offset
         self.written = 0
         self.path = path
-        self._f = open(path, "wb")
+        self._f = open(path, "wb")  # noqa: SIM115  (the writer owns the handle; close() closes it)
         self._f.write(len(raw).to_bytes(8, "little"))
         self._f.write(raw)
 
     def write(self, t: torch.Tensor) -> None:
         data = t.contiguous().view(torch.uint8).numpy()
-        self._f.write(data)
+        self._f.write(data.data)  # the array's own buffer, no copy
         self.written += data.nbytes
 
     def close(self) -> None:
@@ -227,8 +231,18 @@ _MOE = {
 }
 
 
-def _make_config(arch, hidden_size, num_layers, vocab_size, intermediate_size,
-                 num_heads, num_kv_heads, tie_word_embeddings, dtype, num_experts=None):
+def _make_config(
+    arch,
+    hidden_size,
+    num_layers,
+    vocab_size,
+    intermediate_size,
+    num_heads,
+    num_kv_heads,
+    tie_word_embeddings,
+    dtype,
+    num_experts=None,
+):
     import transformers
 
     classes = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}
@@ -247,10 +261,14 @@ def _make_config(arch, hidden_size, num_layers, vocab_size, intermediate_size,
             raise ValueError(f"arch {arch!r} needs num_experts >= 1")
         per_token = min(2, num_experts)
         if arch == "qwen3_moe":
-            extra = dict(num_experts=num_experts, num_experts_per_tok=per_token,
-                         moe_intermediate_size=intermediate_size, head_dim=hidden_size // num_heads)
+            extra = {
+                "num_experts": num_experts,
+                "num_experts_per_tok": per_token,
+                "moe_intermediate_size": intermediate_size,
+                "head_dim": hidden_size // num_heads,
+            }
         else:
-            extra = dict(num_local_experts=num_experts, num_experts_per_tok=per_token)
+            extra = {"num_local_experts": num_experts, "num_experts_per_tok": per_token}
     elif num_experts:
         raise ValueError(f"num_experts is only for {sorted(_MOE)}, not {arch!r}")
     cls_name, arch_name = classes[arch]
@@ -328,8 +346,11 @@ def _byte_symbols() -> list[str]:
             n += 1
     assert sorted(table.values()) == alphabet
     never_utf8 = {0xC0, 0xC1, *range(0xF5, 0x100)}
-    order = [*range(0x20, 0x7F), *(b for b in range(256) if not 0x20 <= b < 0x7F and b not in never_utf8),
-             *sorted(never_utf8)]
+    order = [
+        *range(0x20, 0x7F),
+        *(b for b in range(256) if not 0x20 <= b < 0x7F and b not in never_utf8),
+        *sorted(never_utf8),
+    ]
     return [table[b] for b in order]
 
 
@@ -349,8 +370,9 @@ def _save_tokenizer(folder: Path, vocab_size: int) -> None:
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<pad>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
     fast.save_pretrained(str(folder))
 
 
@@ -433,8 +455,18 @@ def build_workload(
     if intermediate_size is None:
         intermediate_size = -(-int(hidden_size * 2.75) // 16) * 16
 
-    cfg = _make_config(arch, hidden_size, num_layers, vocab_size, intermediate_size,
-                       num_heads, num_kv_heads, tie_word_embeddings, dtype, num_experts)
+    cfg = _make_config(
+        arch,
+        hidden_size,
+        num_layers,
+        vocab_size,
+        intermediate_size,
+        num_heads,
+        num_kv_heads,
+        tie_word_embeddings,
+        dtype,
+        num_experts,
+    )
     specs = _tensor_specs(cfg)
     itemsize = torch.empty((), dtype=dtype).element_size()
     shards = _shard(specs, itemsize, shard_size)
@@ -472,8 +504,7 @@ def build_workload(
         for folder in folders:
             (folder / "model.safetensors.index.json").write_text(index)
 
-    return Workload(base=base_dir, agents=agent_dirs,
-                    num_parameters=sum(math.prod(shape) for _, shape in specs))
+    return Workload(base=base_dir, agents=agent_dirs, num_parameters=sum(math.prod(shape) for _, shape in specs))
 
 
 def _write_tensor(writers, name, shape, dtype, densities, overlap, seed) -> None:
@@ -481,15 +512,16 @@ def _write_tensor(writers, name, shape, dtype, densities, overlap, seed) -> None
     numel = math.prod(shape)
     kind = _kind(name, shape)
     exact = numel <= _EXACT_LIMIT
-    masks: list[torch.Tensor | None] = [None] * len(densities)
+    masks: list[torch.Tensor] = []  # one per agent, for exact (small) non-norm tensors
     if kind != "norm" and exact:
-        u = torch.cat([_uniform(seed, name, "u", c, b - a) for c, a, b in _chunks(numel)])
+        uniform = torch.cat([_uniform(seed, name, "u", c, b - a) for c, a, b in _chunks(numel)])
         for t, d in enumerate(densities):
-            score = torch.cat([_score_chunk(seed, name, t, c, b - a, u[a:b], overlap)
-                               for c, a, b in _chunks(numel)])
-            masks[t] = _exact_mask(score, int(math.floor(d * numel + 0.5)), overlap)
+            score = torch.cat(
+                [_score_chunk(seed, name, t, c, b - a, uniform[a:b], overlap) for c, a, b in _chunks(numel)]
+            )
+            masks.append(_exact_mask(score, math.floor(d * numel + 0.5), overlap))
             del score
-        del u
+        del uniform
     thresholds = [_score_quantile(d, overlap) for d in densities]
 
     for c, a, b in _chunks(numel):
@@ -500,7 +532,7 @@ def _write_tensor(writers, name, shape, dtype, densities, overlap, seed) -> None
             for w in writers[1:]:
                 w.write(base)
             continue
-        u = None if exact else _uniform(seed, name, "u", c, n)
+        u = torch.empty(0) if exact else _uniform(seed, name, "u", c, n)  # exact tensors use their masks
         for t, w in enumerate(writers[1:]):
             if exact:
                 mask = masks[t][a:b]
@@ -526,9 +558,17 @@ def write_example(out_dir: str | os.PathLike, *, overwrite: bool = False) -> Pat
         raise FileExistsError(f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out} is not empty; pick an empty folder or pass overwrite=True")
-    wl = build_workload(out, arch="qwen2", hidden_size=64, num_layers=2, vocab_size=256,
-                        densities=tuple(EXAMPLE_DENSITIES.values()),
-                        agent_names=tuple(EXAMPLE_DENSITIES), dtype=torch.bfloat16, seed=0)
+    wl = build_workload(
+        out,
+        arch="qwen2",
+        hidden_size=64,
+        num_layers=2,
+        vocab_size=256,
+        densities=tuple(EXAMPLE_DENSITIES.values()),
+        agent_names=tuple(EXAMPLE_DENSITIES),
+        dtype=torch.bfloat16,
+        seed=0,
+    )
 
     def config(r: float) -> dict:
         return {
