@@ -256,3 +256,17 @@ def test_readme_setup_commands_are_what_ci_runs():
                 f".ci/run commands: {ci}"
             )
             position = ci.index(command, position) + 1
+
+
+def test_contributing_checks_command_is_what_ci_runs():
+    """CONTRIBUTING.md's checks command runs in .ci/run, after set-up command 1, before the tests."""
+    text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    section = text.split("## Checks", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    assert len(blocks) == 1, blocks
+    (command,) = _logical_lines(blocks[0])
+    assert "ruff check" in command and "ruff format --check" in command and "mypy" in command
+    ci = _logical_lines((REPO / ".ci" / "run").read_text())
+    assert command in ci, f".ci/run does not run the checks command:\n  {command}"
+    assert ci.index(command) < ci.index("python -m pytest -q"), "the checks must run before the tests"
+
