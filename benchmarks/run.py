@@ -342,7 +342,9 @@ def _shell(cmd) -> str | None:
 
 def describe(marker: dict) -> str:
     p = marker["params"]
-    return (f"{p['arch']}, hidden {p['hidden_size']}, {p['num_layers']} layers, vocab {p['vocab_size']}, "
+    experts = f" × {p['num_experts']} experts (width {p['intermediate_size']})" if p.get("num_experts") else ""
+    tensors = f", {workloads.tensor_count(marker):,} checkpoint tensors" if experts else ""
+    return (f"{p['arch']}, hidden {p['hidden_size']}, {p['num_layers']} layers{experts}{tensors}, vocab {p['vocab_size']}, "
             f"{'tied' if p['tie_word_embeddings'] else 'untied'}, {len(p['densities'])} agents "
             f"(densities {', '.join(f'{d:.0%}' for d in p['densities'])}), {p['dtype']}, "
             f"{marker['num_parameters'] / 1e6:.1f}M params per model")
