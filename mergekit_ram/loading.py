@@ -44,8 +44,8 @@ _MARK = "__mergekit_ram_loading__"
 _depth = 0
 _depth_lock = threading.Lock()
 _status: str | None = None  # None: not tried yet; "" installed; else why not
-#: loader -> {"model_type": its model type, model type -> reachable(...)}, built once per model and run
-_plans: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+#: loader -> (its model type, reachable(...) for its names), built once per model and run
+_plans: weakref.WeakKeyDictionary[Any, tuple[str | None, dict[str, list[str]]]] = weakref.WeakKeyDictionary()
 
 
 def _fingerprint(function) -> str:
@@ -130,11 +130,7 @@ def _get_tensor(original, self, key, device="cpu", aliases=None, raise_on_missin
                 break
 
     with self.lock:
-        shard, names = self.__dict__.get("_mergekit_ram_names", (None, frozenset()))
-        if shard is not self.current_shard or self.current_shard is None:
-            shard = self.current_shard
-            names = frozenset(shard.keys()) if shard is not None else frozenset()
-        if self.current_shard is None or key not in names:
+        if self.current_shard is None or key not in _shard_names(self):
             if key not in self.index.tensor_paths:
                 if raise_on_missing:
                     raise KeyError(key)
@@ -147,9 +143,17 @@ def _get_tensor(original, self, key, device="cpu", aliases=None, raise_on_missin
             shard_full_path = os.path.join(self.index.base_path, shard_file)
             logging.debug(f"Opening shard {shard_full_path}")
             self.current_shard = TensorLoader.get(shard_full_path, use_lazy_unpickle=self.lazy_unpickle, device=device)
-            shard, names = self.current_shard, frozenset(self.current_shard.keys())
-        self.__dict__["_mergekit_ram_names"] = (shard, names)
         return self.current_shard.get_tensor(key).to(device)
+
+
+def _shard_names(loader) -> frozenset:
+    """The open shard's names, listed once per opened shard (mergekit lists them on every read)."""
+    shard = loader.current_shard
+    cached = loader.__dict__.get("_mergekit_ram_names")
+    if cached is None or cached[0] is not shard:
+        cached = (shard, frozenset(shard.keys()))
+        loader.__dict__["_mergekit_ram_names"] = cached
+    return cached[1]
 
 
 def _load_converted_tensor(original, self, loader):
@@ -157,13 +161,10 @@ def _load_converted_tensor(original, self, loader):
     from mergekit.architecture.conversion import convert_checkpoint_tensors
     from mergekit.io.tasks import LoaderCache
 
-    found = _plans.setdefault(loader, {})
-    if "model_type" not in found:  # mergekit reads config.json again for every tensor
-        found["model_type"] = self.model.config(trust_remote_code=LoaderCache().trust_remote_code).model_type
-    model_type = found["model_type"]
-    if model_type not in found:
-        found[model_type] = reachable(model_type, list(loader.index.tensor_paths))
-    sources = found[model_type]
+    if loader not in _plans:  # once per model: mergekit re-reads config.json and rescans every name per tensor
+        model_type = self.model.config(trust_remote_code=LoaderCache().trust_remote_code).model_type
+        _plans[loader] = (model_type, reachable(model_type, list(loader.index.tensor_paths)))
+    model_type, sources = _plans[loader]
     for target in [self.tensor, *(self.aliases or ())]:
         keys = sources.get(target)
         if not keys:
