@@ -1,0 +1,348 @@
+"""Tables, chart and results.json of the quality benchmark (every number computed from the eval bits)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import evaluate as E
+import numpy as np
+import run as R
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else round(float(x), 5)
+
+
+def build(cfg: dict, pipe, correct: dict, inspected: Path | None, folders: dict[str, Path]) -> dict:
+    tasks = pipe.names
+    specialists = {t: f"{t} agent" for t in tasks}
+    bs = E.Bootstrap(correct, tasks, cfg["eval"]["bootstrap"], seed=cfg["seed"])
+    acc = {row: {t: E.summary(correct[row][t]) for t in tasks} for row in correct}
+
+    gains = {}
+    for t in tasks:
+        b, s = acc["base"][t]["acc"], acc[specialists[t]][t]["acc"]
+        lo, hi = bs.interval(bs.gain(specialists[t], "base", t))
+        gains[t] = {
+            "base": b,
+            "specialist": s,
+            "gain": s - b,
+            "gain_ci": [lo, hi],
+            "significant": lo > 0,
+            "meets_bar_15_points": s - b >= 0.15,
+        }
+    valid = [t for t in tasks if gains[t]["significant"]]
+
+    models = {}
+    for row in correct:
+        kind = "base" if row == "base" else "specialist" if row in specialists.values() else "merge"
+        mean = sum(acc[row][t]["acc"] for t in tasks) / len(tasks)
+        entry: dict = {
+            "kind": kind,
+            "label": R.MERGES[row].label if kind == "merge" else row,
+            "accuracy": {t: {k: _num(v) if k != "n" else v for k, v in acc[row][t].items()} for t in tasks},
+            "mean": _num(mean),
+            "mean_ci": [_num(x) for x in bs.interval(bs.mean(row))],
+            "folder": str(folders[row]),
+        }
+        if kind == "merge":
+            spec = R.MERGES[row]
+            entry.update(method=spec.method, shared_parameters=spec.shared, per_model_parameters=spec.per_model)
+            retained = {}
+            for t in tasks:
+                if t not in valid:
+                    retained[t] = {"share": None, "ci": [None, None], "note": "specialist gain not significant"}
+                    continue
+                point = E.retained_share(acc[row][t]["acc"], acc["base"][t]["acc"], acc[specialists[t]][t]["acc"])
+                lo, hi = bs.interval(bs.retained(row, "base", specialists, t))
+                retained[t] = {"share": _num(point), "ci": [_num(lo), _num(hi)]}
+            entry["retained"] = retained
+            if valid and all(retained[t]["share"] is not None for t in valid):
+                point = sum(retained[t]["share"] for t in valid) / len(valid)
+                reps = np.mean([bs.retained(row, "base", specialists, t) for t in valid], axis=0)
+                lo, hi = bs.interval(reps)
+                entry["retained_mean"] = {"share": _num(point), "ci": [_num(lo), _num(hi)], "over_tasks": valid}
+        models[row] = entry
+
+    merges = [m for m in correct if models[m]["kind"] == "merge"]
+    comparisons = {}
+    if "ramplus" in merges:
+        for m in merges:
+            if m == "ramplus":
+                continue
+            d = bs.mean("ramplus") - bs.mean(m)
+            lo, hi = bs.interval(d)
+            point = models["ramplus"]["mean"] - models[m]["mean"]
+            verdict = "ramplus better" if lo > 0 else "ramplus worse" if hi < 0 else "no significant difference"
+            comparisons[m] = {"mean_diff": _num(point), "ci": [_num(lo), _num(hi)], "verdict": verdict}
+
+    r_sweep = [
+        {
+            "merge": m,
+            "r": r,
+            "mean": models[m]["mean"],
+            "mean_ci": models[m]["mean_ci"],
+            "retained_mean": models[m].get("retained_mean"),
+        }
+        for m, r in R.R_SWEEP.items()
+        if m in models
+    ]
+
+    density = {}
+    if inspected is not None:
+        stats = json.loads((inspected / "stats.json").read_text())
+        by_path = {str(pipe_path): t for t, pipe_path in pipe_agents(pipe).items()}
+        for a in stats["agents"]:
+            t = by_path.get(a["model"].split("@")[0], a["model"])
+            density[t] = {
+                k: a.get(k)
+                for k in (
+                    "density",
+                    "unique_share",
+                    "shared_with_1_share",
+                    "shared_with_2plus_share",
+                    "rho_counted",
+                    "lambda",
+                    "active",
+                    "numel",
+                )
+            }
+
+    return {
+        "tasks": {t: cfg["tasks"][t] for t in tasks},
+        "eval": {
+            "n": {t: len(correct["base"][t]) for t in tasks},
+            "decoding": "greedy, exact match",
+            "max_new_tokens": pipe.max_new,
+            "bootstrap_replicates": cfg["eval"]["bootstrap"],
+            "intervals": "95 % percentile intervals of a paired bootstrap over eval items",
+        },
+        "config": cfg,
+        "models": models,
+        "gains": {
+            t: {
+                k: (_num(v) if isinstance(v, float) else [_num(x) for x in v] if isinstance(v, list) else v)
+                for k, v in g.items()
+            }
+            for t, g in gains.items()
+        },
+        "density": density,
+        "r_sweep": r_sweep,
+        "ramplus_vs": comparisons,
+    }
+
+
+def pipe_agents(pipe) -> dict[str, Path]:
+    return {t: pipe.root / "agents" / pipe.stages[f"agent {t}"]["key"] / t for t in pipe.names}
+
+
+# --------------------------------------------------------------------------- #
+# Markdown
+# --------------------------------------------------------------------------- #
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None else f"{100 * x:.{digits}f}"
+
+
+def _ci(ci, digits: int = 1) -> str:
+    lo, hi = ci
+    return "" if lo is None or hi is None else f" [{_pct(lo, digits)}, {_pct(hi, digits)}]"
+
+
+def accuracy_table(res: dict) -> list[str]:
+    tasks = list(res["tasks"])
+    lines = [
+        "| model | " + " | ".join(tasks) + " | mean [95% CI] | retained share of gain, mean [95% CI] |",
+        "|---" * (len(tasks) + 3) + "|",
+    ]
+    for m in res["models"].values():
+        cells = [f"{_pct(m['accuracy'][t]['acc'])} ± {_pct(m['accuracy'][t]['se'])}" for t in tasks]
+        rm = m.get("retained_mean")
+        retained = "—" if rm is None else f"{_pct(rm['share'], 0)} %{_ci(rm['ci'], 0)}"
+        lines.append(
+            f"| {m['label']} | " + " | ".join(cells) + f" | {_pct(m['mean'])}{_ci(m['mean_ci'])} | {retained} |"
+        )
+    return lines
+
+
+def markdown(res: dict, short: bool = False) -> str:
+    tasks = list(res["tasks"])
+    n = res["eval"]["n"]
+    out = [f"# Merge quality: `{res['config_name']}` configuration", ""]
+    cfg = res["config"]
+    base_stage = res["stages"].get("base", {})
+    out += [
+        f"Command: `{res['command']}`  ",
+        f"Date {res['date']}, commit `{(res['git_commit'] or '?')[:10]}`, {res['machine']['cpu']}, "
+        f"{res['machine']['cores']} cores, torch {res['machine']['torch']}, mergekit {res['machine']['mergekit']}. "
+        f"This run: {res['runtime_s']:.0f} s; building every stage from scratch: "
+        f"{res['build_seconds_total']:.0f} s.",
+        "",
+        f"Accuracy in % (greedy decoding, exact match, n = {', '.join(f'{t} {n[t]}' for t in tasks)} "
+        "fixed held-out items; ± is the binomial standard error). Retained share of gain = "
+        "(merged - base) / (specialist - base) on each task whose specialist gain is significant, averaged "
+        "over those tasks; intervals: 95 % paired bootstrap over eval items.",
+        "",
+    ]
+    out += accuracy_table(res)
+    if short:
+        return "\n".join(out) + "\n"
+
+    out += [
+        "",
+        "## Specialists' gains on their own task",
+        "",
+        "| task | base | specialist | gain (points) [95% CI] | ≥ +15 points? |",
+        "|---|---|---|---|---|",
+    ]
+    for t, g in res["gains"].items():
+        out.append(
+            f"| {t} | {_pct(g['base'])} | {_pct(g['specialist'])} | {100 * g['gain']:+.1f}"
+            f"{_ci(g['gain_ci'])} | {'yes' if g['meets_bar_15_points'] else 'no'} |"
+        )
+
+    merges = {k: m for k, m in res["models"].items() if m["kind"] == "merge"}
+    if merges:
+        out += [
+            "",
+            "## Retained share of each specialist's gain (%)",
+            "",
+            "| merge | " + " | ".join(tasks) + " | mean |",
+            "|---" * (len(tasks) + 2) + "|",
+        ]
+        for m in merges.values():
+            cells = [
+                (
+                    "—"
+                    if m["retained"][t]["share"] is None
+                    else f"{_pct(m['retained'][t]['share'], 0)}{_ci(m['retained'][t]['ci'], 0)}"
+                )
+                for t in tasks
+            ]
+            rm = m.get("retained_mean")
+            out.append(
+                f"| {m['label']} | "
+                + " | ".join(cells)
+                + " | "
+                + ("—" if rm is None else f"{_pct(rm['share'], 0)}{_ci(rm['ci'], 0)}")
+                + " |"
+            )
+
+    if res["density"]:
+        out += [
+            "",
+            "## bf16 task vectors: density and overlap (`mergekit-ram inspect`, ε = 1e-5)",
+            "",
+            "| agent | changed weights | of those: unique | shared with 1 | shared with ≥ 2 | ρ | λ (r 0.1, α 2) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for t, d in res["density"].items():
+            rho = d["rho_counted"]
+            out.append(
+                f"| {t} | {_pct(d['density'])} % | {_pct(d['unique_share'])} % | "
+                f"{_pct(d['shared_with_1_share'])} % | {_pct(d['shared_with_2plus_share'])} % | "
+                f"{rho if isinstance(rho, str) else f'{rho:.3f}'} | "
+                + ("—" if d["lambda"] is None else f"{d['lambda']:.4f}")
+                + " |"
+            )
+
+    if res["r_sweep"]:
+        out += [
+            "",
+            "## r sweep (ramplus, α = 2)",
+            "",
+            "| r | mean accuracy [95% CI] | retained share, mean [95% CI] |",
+            "|---|---|---|",
+        ]
+        for s in res["r_sweep"]:
+            rm = s["retained_mean"]
+            out.append(
+                f"| {s['r']} | {_pct(s['mean'])}{_ci(s['mean_ci'])} | "
+                + ("—" if rm is None else f"{_pct(rm['share'], 0)} %{_ci(rm['ci'], 0)}")
+                + " |"
+            )
+
+    if res["ramplus_vs"]:
+        out += [
+            "",
+            "## ramplus against each other merge (mean accuracy, paired bootstrap)",
+            "",
+            "| other merge | ramplus - other (points) [95% CI] | verdict |",
+            "|---|---|---|",
+        ]
+        for m, c in res["ramplus_vs"].items():
+            out.append(f"| {res['models'][m]['label']} | {100 * c['mean_diff']:+.1f}{_ci(c['ci'])} | {c['verdict']} |")
+
+    out += ["", "## Stages", "", "| stage | key | cached in this run | build seconds |", "|---|---|---|---|"]
+    for name, s in res["stages"].items():
+        evals = f"{s.get('models_cached', 0)} of {s.get('models_cached', 0) + s.get('models_evaluated', 0)} models"
+        cached = s.get("cached", evals)
+        out.append(f"| {name} | {s.get('key', '—')} | {cached} | {s.get('build_seconds', 0):.1f} |")
+    base_hist = base_stage.get("history") or []
+    if base_hist:
+        out += [
+            "",
+            f"Base: {base_stage.get('parameters', 0):,} parameters, pretrained {base_stage.get('steps')} steps "
+            f"(stopped by its probe: mean ≥ {cfg['pretrain']['stop_mean']}, each task ≥ "
+            f"{cfg['pretrain']['stop_min']}, or at {cfg['pretrain']['steps']} steps).",
+        ]
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- #
+# Chart
+# --------------------------------------------------------------------------- #
+def chart(res: dict, path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no chart.png")
+        return None
+    tasks = list(res["tasks"])
+    rows = list(res["models"])
+    labels = [res["models"][r]["label"] for r in rows]
+    data = [
+        [100 * res["models"][r]["accuracy"][t]["acc"] for t in tasks] + [100 * res["models"][r]["mean"]] for r in rows
+    ]
+    merges = [r for r in rows if res["models"][r].get("retained_mean")]
+    fig, axes = plt.subplots(
+        1, 2, figsize=(13, 1.6 + 0.38 * len(rows)), constrained_layout=True, gridspec_kw={"width_ratios": [1.3, 1]}
+    )
+    ax = axes[0]
+    image = ax.imshow(data, aspect="auto", cmap="viridis", vmin=0, vmax=100)
+    ax.set_xticks(range(len(tasks) + 1), [*tasks, "mean"])
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    for i, row in enumerate(data):
+        for j, v in enumerate(row):
+            ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=7, color="white" if v < 60 else "black")
+    ax.set_title("accuracy (%), greedy exact match", fontsize=10)
+    fig.colorbar(image, ax=ax, shrink=0.7)
+    ax = axes[1]
+    if merges:
+        shares = [100 * res["models"][m]["retained_mean"]["share"] for m in merges]
+        cis = [res["models"][m]["retained_mean"]["ci"] for m in merges]
+        err = [
+            [0 if c[0] is None else s - 100 * c[0] for s, c in zip(shares, cis, strict=True)],
+            [0 if c[1] is None else 100 * c[1] - s for s, c in zip(shares, cis, strict=True)],
+        ]
+        colors = ["tab:red" if res["models"][m]["method"] == "ramplus" else "tab:gray" for m in merges]
+        ax.barh(range(len(merges)), shares, xerr=err, color=colors, capsize=3)
+        ax.set_yticks(range(len(merges)), [res["models"][m]["label"] for m in merges], fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(100, color="black", lw=0.8, ls="--")
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_xlabel("retained share of the specialists' gain, mean over tasks (%), 95 % CI")
+    else:
+        ax.text(0.5, 0.5, "no specialist gain is significant:\nretained share undefined", ha="center", va="center")
+        ax.set_axis_off()
+    fig.suptitle(
+        f"Merge quality ({res['config_name']}): {len(tasks)} tasks, n = {min(res['eval']['n'].values())} per task",
+        fontsize=11,
+    )
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

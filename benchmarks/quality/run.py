@@ -1,0 +1,652 @@
+"""Does RAM+ keep RL-trained skills? A reproducible merge-quality benchmark on CPU.
+
+    python benchmarks/quality/run.py                       # the full configuration
+    python benchmarks/quality/run.py --config smoke        # a tiny end-to-end run (the test suite's)
+    python benchmarks/quality/run.py --set rl.lr=3e-4 --set rl.steps=200   # a tuning attempt
+
+Stages, each built once and cached under --root (default /tmp/mergekit-ram-quality) in a folder keyed by a hash
+of everything it depends on: a small Qwen2 base pretrained from scratch on a task mix -> one GRPO agent per task
+(bf16) -> merges of all agents through plain `mergekit-yaml` -> per-agent density/overlap through
+`mergekit-ram inspect` -> greedy exact-match evaluation of every model on every task -> results.json,
+results.md, chart.png and density.png in --out. See benchmarks/quality/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import tasks as T  # noqa: E402
+
+BIN = Path(sys.executable).parent
+#: bumped when a stage's code changes what it builds (part of every cache key of that stage)
+VERSIONS = {"base": 1, "agent": 1, "merge": 1, "inspect": 1, "eval": 1}
+
+# --------------------------------------------------------------------------- #
+# Configurations
+# --------------------------------------------------------------------------- #
+ALL_MERGES = [
+    "linear",
+    "ta_mean",
+    "ta_sum",
+    "ties",
+    "dare_ties",
+    "ram",
+    "ramplus",
+    "ramplus_s",
+    "ramplus_r0",
+    "ramplus_r0.05",
+    "ramplus_r0.2",
+]
+CONFIGS: dict[str, dict] = {
+    "full": {
+        "seed": 0,
+        "threads": 2,
+        "tasks": {
+            "add": {"digits": 3},
+            "sort": {"min_len": 4, "max_len": 7},
+            "reverse": {"min_len": 4, "max_len": 7, "letters": 26},
+            "count": {"min_len": 6, "max_len": 12},
+        },
+        "model": {"hidden": 128, "intermediate": 384, "layers": 4, "heads": 4, "kv_heads": 2},
+        "pretrain": {
+            "steps": 3000,
+            "batch": 64,
+            "lr": 2e-3,
+            "warmup": 100,
+            "weight_decay": 0.01,
+            "probe_every": 100,
+            "probe_n": 200,
+            "stop_mean": 0.35,
+            "stop_min": 0.15,
+            "weights": {},
+        },
+        "rl": {
+            "steps": 150,
+            "prompts": 16,
+            "group": 8,
+            "lr": 1e-4,
+            "temperature": 1.0,
+            "partial": 0.0,
+            "kl": 0.0,
+            "probe_every": 25,
+            "probe_n": 200,
+        },
+        "eval": {"n": 2500, "exclude": 2500, "batch": 512, "bootstrap": 2000},
+        "merges": ALL_MERGES,
+        "inspect": True,
+        "jobs": 2,
+    },
+    # small and fast: for tuning attempts on 2 cores (n = 1000: standard errors up to 1.6 points)
+    "dev": {
+        "seed": 0,
+        "threads": 2,
+        "tasks": {
+            "add": {"digits": 3},
+            "sort": {"min_len": 4, "max_len": 7},
+            "reverse": {"min_len": 4, "max_len": 7, "letters": 26},
+            "count": {"min_len": 6, "max_len": 12},
+        },
+        "model": {"hidden": 64, "intermediate": 192, "layers": 3, "heads": 4, "kv_heads": 2},
+        "pretrain": {
+            "steps": 2000,
+            "batch": 64,
+            "lr": 3e-3,
+            "warmup": 100,
+            "weight_decay": 0.01,
+            "probe_every": 100,
+            "probe_n": 200,
+            "stop_mean": 0.35,
+            "stop_min": 0.15,
+            "weights": {},
+        },
+        "rl": {
+            "steps": 100,
+            "prompts": 16,
+            "group": 8,
+            "lr": 3e-4,
+            "temperature": 1.0,
+            "partial": 0.0,
+            "kl": 0.0,
+            "probe_every": 25,
+            "probe_n": 200,
+        },
+        "eval": {"n": 1000, "exclude": 2500, "batch": 500, "bootstrap": 1000},
+        "merges": ALL_MERGES,
+        "inspect": True,
+        "jobs": 2,
+    },
+    "smoke": {
+        "seed": 0,
+        "threads": 2,
+        "tasks": {"add": {"digits": 2}, "reverse": {"min_len": 3, "max_len": 4, "letters": 6}},
+        "model": {"hidden": 32, "intermediate": 64, "layers": 2, "heads": 2, "kv_heads": 1},
+        "pretrain": {
+            "steps": 30,
+            "batch": 32,
+            "lr": 3e-3,
+            "warmup": 5,
+            "weight_decay": 0.0,
+            "probe_every": 30,
+            "probe_n": 32,
+            "stop_mean": 2.0,
+            "stop_min": 2.0,
+            "weights": {},
+        },
+        "rl": {
+            "steps": 3,
+            "prompts": 4,
+            "group": 4,
+            "lr": 1e-4,
+            "temperature": 1.0,
+            "partial": 0.0,
+            "kl": 0.0,
+            "probe_every": 3,
+            "probe_n": 16,
+        },
+        "eval": {"n": 64, "exclude": 64, "batch": 512, "bootstrap": 200},
+        "merges": ["ta_mean", "ties", "ramplus"],
+        "inspect": True,
+        "jobs": 2,
+    },
+}
+
+RAMPLUS = {"epsilon": 1e-5, "r": 0.1, "alpha": 2.0}
+
+
+@dataclass(frozen=True)
+class Merge:
+    label: str
+    method: str
+    shared: dict | None
+    per_model: dict | str | None  # "1/N": weight 1/N for each agent
+    base: bool = True
+
+
+MERGES = {
+    "linear": Merge("linear (mean)", "linear", None, {"weight": 1.0}, base=False),
+    "ta_mean": Merge("task_arithmetic w=1/N", "task_arithmetic", {"normalize": False}, "1/N"),
+    "ta_sum": Merge("task_arithmetic w=1", "task_arithmetic", {"normalize": False}, {"weight": 1.0}),
+    "ties": Merge("ties (density 0.5, w=1)", "ties", None, {"density": 0.5, "weight": 1.0}),
+    "dare_ties": Merge("dare_ties (density 0.5, w=1)", "dare_ties", None, {"density": 0.5, "weight": 1.0}),
+    "ram": Merge("mergekit ram", "ram", {"epsilon": 1e-5}, None),
+    "ramplus": Merge("ramplus (r=0.1, α=2)", "ramplus", RAMPLUS, None),
+    "ramplus_s": Merge("ramplus RAM+s (soft, r=0.1)", "ramplus", {**RAMPLUS, "lambda_rule": "soft"}, None),
+    "ramplus_r0": Merge("ramplus r=0 (RAM)", "ramplus", {**RAMPLUS, "r": 0.0}, None),
+    "ramplus_r0.05": Merge("ramplus r=0.05", "ramplus", {**RAMPLUS, "r": 0.05}, None),
+    "ramplus_r0.2": Merge("ramplus r=0.2", "ramplus", {**RAMPLUS, "r": 0.2}, None),
+}
+#: the r ablation (paper Table 2), in order
+R_SWEEP = {"ramplus_r0": 0.0, "ramplus_r0.05": 0.05, "ramplus": 0.1, "ramplus_r0.2": 0.2}
+
+
+def apply_overrides(cfg: dict, sets: list[str]) -> dict:
+    """`--set a.b=value` (value parsed as JSON when it parses, else a string)."""
+    cfg = copy.deepcopy(cfg)
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set needs KEY=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return cfg
+
+
+def check_config(cfg: dict) -> None:
+    for name, p in cfg["tasks"].items():
+        if name not in T.TASKS:
+            raise SystemExit(f"unknown task {name!r}; known: {sorted(T.TASKS)}")
+        cfg["tasks"][name] = T.params(name, p)
+    unknown = [m for m in cfg["merges"] if m not in MERGES]
+    if unknown:
+        raise SystemExit(f"unknown merge(s) {unknown}; known: {sorted(MERGES)}")
+    if cfg["eval"]["exclude"] < cfg["eval"]["n"]:
+        raise SystemExit("eval.exclude (prompts withheld from training) must be >= eval.n")
+
+
+# --------------------------------------------------------------------------- #
+# Caching
+# --------------------------------------------------------------------------- #
+def key_of(kind: str, payload: dict) -> str:
+    blob = json.dumps({"kind": kind, "version": VERSIONS[kind], **payload}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def seed_of(*parts: object) -> int:
+    return int(hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:8], 16)
+
+
+def log(msg: str) -> None:
+    print(f"[{datetime.datetime.now().strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Stage:
+    """A folder that is complete once its stage.json exists; built in a temporary sibling and renamed."""
+
+    def __init__(self, folder: Path, key: str, payload: dict):
+        self.folder, self.key, self.payload = folder, key, payload
+        self.meta_path = folder / "stage.json"
+
+    @property
+    def done(self) -> bool:
+        return self.meta_path.exists()
+
+    def meta(self) -> dict:
+        return json.loads(self.meta_path.read_text())
+
+    def build(self, fn) -> tuple[dict, bool]:
+        """(stage.json contents, cached?) — runs fn(tmp_folder) -> dict of extra metadata when not cached."""
+        if self.done:
+            return self.meta(), True
+        tmp = self.folder.with_name(self.folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        extra = fn(tmp)
+        meta = {
+            "key": self.key,
+            "payload": self.payload,
+            "seconds": round(time.perf_counter() - start, 2),
+            "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **extra,
+        }
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "stage.json").write_text(json.dumps(meta, indent=1))
+        shutil.rmtree(self.folder, ignore_errors=True)
+        tmp.rename(self.folder)
+        return meta, False
+
+
+def files_digest(folder: Path) -> str:
+    """sha256 over the model's weight files (names and bytes)."""
+    h = hashlib.sha256()
+    for f in sorted(folder.glob("*.safetensors")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- #
+# Pipeline
+# --------------------------------------------------------------------------- #
+class Pipeline:
+    def __init__(self, cfg: dict, root: Path):
+        self.cfg, self.root = cfg, root
+        self.names = list(cfg["tasks"])
+        self.seed = cfg["seed"]
+        ev = cfg["eval"]
+        self.max_new = {n: T.max_new_tokens(n, p) for n, p in cfg["tasks"].items()}
+        self.held_out = {n: T.eval_set(n, p, ev["exclude"], self.seed) for n, p in cfg["tasks"].items()}
+        self.eval_items = {n: items[: ev["n"]] for n, items in self.held_out.items()}
+        self.exclude = {p for items in self.held_out.values() for p, _ in items}
+        self.stages: dict[str, dict] = {}
+        self.env = {**os.environ, "MERGEKIT_RAM_CACHE": str(root / "ram-cache")}
+
+    def _record(self, name: str, meta: dict, cached: bool, keep: tuple[str, ...] = ()) -> None:
+        entry = {"key": meta["key"], "cached": cached, "build_seconds": meta["seconds"]}
+        entry.update({k: meta[k] for k in keep if k in meta})
+        self.stages[name] = entry
+
+    # -- base ---------------------------------------------------------------
+    def base(self) -> tuple[Path, str]:
+        payload = {
+            "tasks": self.cfg["tasks"],
+            "model": self.cfg["model"],
+            "pretrain": self.cfg["pretrain"],
+            "seed": self.seed,
+            "exclude": self.cfg["eval"]["exclude"],
+        }
+        key = key_of("base", payload)
+        stage = Stage(self.root / "base" / key, key, payload)
+
+        def build(tmp: Path) -> dict:
+            import train
+
+            pc = {**self.cfg["pretrain"], "model": self.cfg["model"], "seed": self.seed}
+            sampler = T.Sampler(self.names, self.cfg["tasks"], f"{self.seed}/pretrain", self.exclude, pc.get("weights"))
+            probe_sampler = T.Sampler(self.names, self.cfg["tasks"], f"{self.seed}/probe", self.exclude)
+            probes = {n: probe_sampler.task(n, pc["probe_n"]) for n in self.names}
+            log(f"pretraining the base ({key})")
+            model, history = train.pretrain(pc, sampler, probes, self.max_new, log)
+            train.save_model(model, tmp / "base")
+            return {"history": history, "parameters": train.num_parameters(model), "steps": history[-1]["step"]}
+
+        meta, cached = stage.build(build)
+        self._record("base", meta, cached, ("parameters", "steps", "history"))
+        return stage.folder / "base", key
+
+    # -- agents -------------------------------------------------------------
+    def agents(self, base: Path, base_key: str) -> dict[str, tuple[Path, str]]:
+        out = {}
+        for name in self.names:
+            rl = {**self.cfg["rl"], "seed": seed_of(self.seed, "rl", name)}
+            payload = {"base": base_key, "task": name, "task_params": self.cfg["tasks"][name], "rl": rl}
+            key = key_of("agent", payload)
+            stage = Stage(self.root / "agents" / key, key, payload)
+
+            def build(tmp: Path, name=name, rl=rl, key=key) -> dict:
+                import train
+
+                sampler = T.Sampler([name], self.cfg["tasks"], f"{self.seed}/rl/{name}", self.exclude)
+                probe = T.Sampler([name], self.cfg["tasks"], f"{self.seed}/probe", self.exclude).task(
+                    name, rl["probe_n"]
+                )
+                log(f"GRPO agent {name} ({key})")
+                model, history = train.grpo(base, name, rl, sampler, self.max_new[name], probe, log)
+                train.save_model(model, tmp / name)
+                return {"history": history}
+
+            meta, cached = stage.build(build)
+            self._record(f"agent {name}", meta, cached, ("history",))
+            out[name] = (stage.folder / name, key)
+        return out
+
+    # -- merges -------------------------------------------------------------
+    def merge_config(self, spec: Merge, base: Path, agents: dict[str, tuple[Path, str]]) -> dict:
+        models = []
+        for path, _ in agents.values():
+            entry: dict = {"model": str(path)}
+            if spec.per_model == "1/N":
+                entry["parameters"] = {"weight": 1.0 / len(agents)}
+            elif spec.per_model:
+                entry["parameters"] = dict(spec.per_model)
+            models.append(entry)
+        cfg: dict = {"merge_method": spec.method}
+        if spec.base:
+            cfg["base_model"] = str(base)
+        cfg["models"] = models
+        if spec.shared:
+            cfg["parameters"] = dict(spec.shared)
+        cfg["dtype"] = "bfloat16"
+        return cfg
+
+    def merges(self, base: Path, base_key: str, agents: dict[str, tuple[Path, str]]) -> dict[str, Path]:
+        todo = []
+        out = {}
+        for name in self.cfg["merges"]:
+            spec = MERGES[name]
+            payload = {
+                "spec": spec.__dict__,
+                "base": base_key,
+                "agents": [k for _, k in agents.values()],
+                "seed": self.seed,
+                "mergekit": version("mergekit"),
+            }
+            key = key_of("merge", payload)
+            stage = Stage(self.root / "merges" / f"{name}-{key}", key, payload)
+            out[name] = stage.folder / "model"
+            todo.append((name, spec, stage))
+
+        def run_one(item) -> None:
+            name, spec, stage = item
+
+            def build(tmp: Path) -> dict:
+                tmp.mkdir(parents=True)
+                config = self.merge_config(spec, base, agents)
+                cfg_path = tmp / "merge.yaml"
+                cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
+                cmd = [
+                    str(BIN / "mergekit-yaml"),
+                    str(cfg_path),
+                    str(tmp / "model"),
+                    "--random-seed",
+                    str(self.seed),
+                    "--quiet",
+                ]
+                env = {**self.env, "OMP_NUM_THREADS": "1"} if self.cfg["jobs"] > 1 else self.env
+                done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                (tmp / "mergekit.log").write_text(done.stdout + done.stderr)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+                if not (tmp / "model" / "tokenizer.json").exists():  # mergekit copies the base's; be sure
+                    import train
+
+                    train.save_tokenizer(tmp / "model")
+                return {
+                    "config": config,
+                    "command": " ".join(
+                        ["mergekit-yaml", "merge.yaml", "model", "--random-seed", str(self.seed), "--quiet"]
+                    ),
+                }
+
+            log(f"merge {name}" + (" (cached)" if stage.done else ""))
+            meta, cached = stage.build(build)
+            self._record(f"merge {name}", meta, cached, ("config", "command"))
+
+        with ThreadPoolExecutor(max_workers=max(1, self.cfg["jobs"])) as pool:
+            list(pool.map(run_one, todo))
+        self.stages = dict(sorted(self.stages.items(), key=lambda kv: self._order(kv[0])))
+        return out
+
+    def _order(self, stage: str) -> tuple[int, int]:
+        kind, _, name = stage.partition(" ")
+        kinds = ["base", "agent", "merge", "inspect", "eval"]
+        index = self.cfg["merges"].index(name) if kind == "merge" else 0
+        return kinds.index(kind) if kind in kinds else 9, index
+
+    # -- density / overlap --------------------------------------------------
+    def inspect(self, base: Path, base_key: str, agents: dict[str, tuple[Path, str]]) -> Path | None:
+        if not self.cfg["inspect"]:
+            return None
+        payload = {"base": base_key, "agents": [k for _, k in agents.values()], "mergekit": version("mergekit")}
+        key = key_of("inspect", payload)
+        stage = Stage(self.root / "inspect" / key, key, payload)
+
+        def build(tmp: Path) -> dict:
+            tmp.mkdir(parents=True)
+            config = self.merge_config(MERGES["ramplus"], base, agents)
+            (tmp / "ramplus.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            cmd = [
+                str(BIN / "mergekit-ram"),
+                "inspect",
+                str(tmp / "ramplus.yaml"),
+                "--json",
+                str(tmp / "stats.json"),
+                "--plot",
+                str(tmp / "density.png"),
+                "--quiet",
+            ]
+            done = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
+            (tmp / "inspect.log").write_text(done.stdout + done.stderr)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+            return {
+                "command": "mergekit-ram inspect ramplus.yaml --json stats.json --plot density.png --quiet",
+                "table": done.stdout,
+            }
+
+        log("mergekit-ram inspect" + (" (cached)" if stage.done else ""))
+        meta, cached = stage.build(build)
+        self._record("inspect", meta, cached, ("command", "table"))
+        return stage.folder
+
+    # -- evaluation ---------------------------------------------------------
+    def evaluate(self, models: dict[str, Path]) -> dict[str, dict[str, list[int]]]:
+        import evaluate as E
+
+        ev = self.cfg["eval"]
+        results = {}
+        start, built, cached_n, seconds_all = time.perf_counter(), 0, 0, 0.0
+        for row, folder in models.items():
+            payload = {
+                "model": files_digest(folder),
+                "tasks": self.cfg["tasks"],
+                "n": ev["n"],
+                "exclude": ev["exclude"],
+                "seed": self.seed,
+            }
+            key = key_of("eval", payload)
+            path = self.root / "evals" / f"{key}.json"
+            if path.exists():
+                stored = json.loads(path.read_text())
+                results[row] = stored["correct"]
+                seconds_all += stored["seconds"]
+                cached_n += 1
+                continue
+            t0 = time.perf_counter()
+            bits = E.score(folder, self.eval_items, self.max_new, ev["batch"])
+            seconds = time.perf_counter() - t0
+            log(
+                f"eval {row}: "
+                + ", ".join(f"{t} {sum(b) / len(b):.3f}" for t, b in bits.items())
+                + f" ({seconds:.1f} s)"
+            )
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "key": key,
+                        "payload": payload,
+                        "seconds": round(seconds, 2),
+                        "model_folder": str(folder),
+                        "correct": bits,
+                    }
+                )
+            )
+            tmp.rename(path)
+            results[row] = bits
+            built += 1
+            seconds_all += seconds
+        self.stages["eval"] = {
+            "models_evaluated": built,
+            "models_cached": cached_n,
+            "this_run_seconds": round(time.perf_counter() - start, 2),
+            "build_seconds": round(seconds_all, 2),
+        }
+        return results
+
+
+# --------------------------------------------------------------------------- #
+# Main
+# --------------------------------------------------------------------------- #
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("torch", "transformers", "mergekit", "mergekit-ram", "numpy"):
+        try:
+            info[pkg] = version(pkg)
+        except Exception:
+            info[pkg] = None
+    return info
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="full", help=f"one of {sorted(CONFIGS)}, or a JSON file")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config entry, e.g. rl.lr=3e-4 (repeatable)",
+    )
+    ap.add_argument(
+        "--root", type=Path, default=Path(os.environ.get("MERGEKIT_RAM_QUALITY_DIR", "/tmp/mergekit-ram-quality"))
+    )
+    ap.add_argument("--out", type=Path, help="results folder (default ROOT/results/CONFIG)")
+    ap.add_argument("--stop-after", choices=["base", "agents", "merges"], help="build up to this stage only")
+    args = ap.parse_args(argv)
+
+    if args.config in CONFIGS:
+        cfg, name = CONFIGS[args.config], args.config
+    else:
+        cfg, name = json.loads(Path(args.config).read_text()), Path(args.config).stem
+    cfg = apply_overrides(cfg, args.set)
+    check_config(cfg)
+    root = args.root.resolve()
+    out = (args.out or root / "results" / name).resolve()
+
+    import torch
+
+    torch.set_num_threads(cfg["threads"])
+    start = time.perf_counter()
+    pipe = Pipeline(cfg, root)
+    base, base_key = pipe.base()
+    if args.stop_after == "base":
+        return 0
+    agents = pipe.agents(base, base_key)
+    if args.stop_after == "agents":
+        return 0
+    merged = pipe.merges(base, base_key, agents)
+    if args.stop_after == "merges":
+        return 0
+    inspected = pipe.inspect(base, base_key, agents)
+    models = {"base": base, **{f"{t} agent": p for t, (p, _) in agents.items()}, **merged}
+    correct = pipe.evaluate(models)
+
+    import report
+
+    out.mkdir(parents=True, exist_ok=True)
+    results = report.build(cfg, pipe, correct, inspected, models)
+    results.update(
+        {
+            "config_name": name,
+            "command": " ".join(["python", "benchmarks/quality/run.py", *(argv if argv is not None else sys.argv[1:])]),
+            "root": str(root),
+            "git_commit": git_commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine(),
+            "stages": pipe.stages,
+            "runtime_s": round(time.perf_counter() - start, 1),
+            # what building every stage from scratch took (cached stages: their recorded build time)
+            "build_seconds_total": round(sum(s.get("build_seconds", 0) for s in pipe.stages.values()), 1),
+        }
+    )
+    if inspected is not None:
+        shutil.copyfile(inspected / "density.png", out / "density.png")
+        shutil.copyfile(inspected / "stats.json", out / "ram_stats.json")
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.md").write_text(report.markdown(results))
+    report.chart(results, out / "chart.png")
+    log(
+        f"wrote {out}/results.json, results.md, chart.png"
+        + (", density.png" if inspected else "")
+        + f" in {results['runtime_s']:.0f} s"
+    )
+    print(report.markdown(results, short=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Synthetic tasks with verifiable answers, and the character vocabulary every model of the benchmark shares.
+
+Pure Python (no torch): generators, verifiers, rewards and seeded, disjoint train/eval prompt sets.
+
+Every example is one prompt and one answer, both short strings over `CHARS`. A prompt starts with its task's
+tag (an upper-case letter, so one model can tell the tasks apart) and ends with `=`; the model writes the
+answer and then `</s>`. Task difficulty is set by each task's parameters (`DEFAULTS`, overridable per config).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+#: special tokens (ids 0-3, as in the model config: bos 1, eos 2, pad 3)
+SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
+UNK, BOS, EOS, PAD = 0, 1, 2, 3
+#: every character a prompt or an answer may contain; printable ASCII without space, so a byte-level BPE
+#: tokenizer without merges (what Qwen2's tokenizer class rebuilds from tokenizer.json) gives these same ids
+CHARS = "0123456789abcdefghijklmnopqrstuvwxyz+=:()[]{}<>ABCRS"
+VOCAB = (*SPECIALS, *CHARS)
+TOKEN_ID = {t: i for i, t in enumerate(VOCAB)}
+assert len(set(CHARS)) == len(CHARS) and all(0x21 <= ord(c) <= 0x7E for c in CHARS)
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+BRACKETS = {"(": ")", "[": "]", "{": "}", "<": ">"}
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of `text` (one per character; no special tokens)."""
+    return [TOKEN_ID[c] for c in text]
+
+
+def decode(ids: Iterable[int]) -> str:
+    """Text of `ids`, stopping at the first `</s>`; any other special token becomes `?` (never in an answer)."""
+    out = []
+    for i in ids:
+        if i == EOS:
+            break
+        out.append(VOCAB[i] if i >= len(SPECIALS) else "?")
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- #
+# Generators: (rng, params) -> (prompt, answer)
+# --------------------------------------------------------------------------- #
+def _add(rng: random.Random, p: dict) -> tuple[str, str]:
+    """A{a}+{b}= -> a + b; a and b have 1..digits digits (the digit count drawn first)."""
+    a = rng.randrange(10 ** rng.randint(1, p["digits"]))
+    b = rng.randrange(10 ** rng.randint(1, p["digits"]))
+    return f"A{a}+{b}=", str(a + b)
+
+
+def _sort(rng: random.Random, p: dict) -> tuple[str, str]:
+    """S{digits}= -> the digits in ascending order."""
+    s = "".join(rng.choice("0123456789") for _ in range(rng.randint(p["min_len"], p["max_len"])))
+    return f"S{s}=", "".join(sorted(s))
+
+
+def _reverse(rng: random.Random, p: dict) -> tuple[str, str]:
+    """R{letters}= -> the letters reversed."""
+    alphabet = LETTERS[: p["letters"]]
+    s = "".join(rng.choice(alphabet) for _ in range(rng.randint(p["min_len"], p["max_len"])))
+    return f"R{s}=", s[::-1]
+
+
+def _count(rng: random.Random, p: dict) -> tuple[str, str]:
+    """C{x}:{letters}= -> how many times x occurs in the letters."""
+    alphabet = LETTERS[: p["letters"]]
+    s = "".join(rng.choice(alphabet) for _ in range(rng.randint(p["min_len"], p["max_len"])))
+    x = rng.choice(alphabet)
+    return f"C{x}:{s}=", str(s.count(x))
+
+
+def _brackets(rng: random.Random, p: dict) -> tuple[str, str]:
+    """B{an unfinished bracket sequence}= -> the closing brackets that complete it (at least one)."""
+    n = rng.randint(p["min_len"], p["max_len"])
+    opens = p["types"]
+    kinds = list(BRACKETS)[:opens]
+    while True:
+        stack: list[str] = []
+        out = []
+        for _ in range(n):
+            if stack and (len(stack) >= p["max_close"] or rng.random() < 0.45):
+                out.append(BRACKETS[stack.pop()])
+            else:
+                c = rng.choice(kinds)
+                stack.append(c)
+                out.append(c)
+        if stack:  # at most max_close deep by construction
+            return f"B{''.join(out)}=", "".join(BRACKETS[c] for c in reversed(stack))
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    tag: str
+    generate: Callable[[random.Random, dict], tuple[str, str]]
+    defaults: dict
+    #: longest possible answer for given parameters (decoding budget = this + 1 for </s>)
+    max_answer: Callable[[dict], int]
+
+
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in (
+        Task("add", "A", _add, {"digits": 3}, lambda p: p["digits"] + 1),
+        Task("sort", "S", _sort, {"min_len": 4, "max_len": 7}, lambda p: p["max_len"]),
+        Task("reverse", "R", _reverse, {"min_len": 4, "max_len": 7, "letters": 26}, lambda p: p["max_len"]),
+        Task("count", "C", _count, {"min_len": 6, "max_len": 12, "letters": 4}, lambda p: len(str(p["max_len"]))),
+        Task(
+            "brackets",
+            "B",
+            _brackets,
+            {"min_len": 4, "max_len": 8, "types": 4, "max_close": 4},
+            lambda p: p["max_close"],
+        ),
+    )
+}
+
+
+def params(name: str, overrides: dict | None = None) -> dict:
+    """A task's parameters: its defaults updated with `overrides` (unknown keys are an error)."""
+    task = TASKS[name]
+    extra = set(overrides or {}) - set(task.defaults)
+    if extra:
+        raise ValueError(f"task {name!r} has no parameter(s) {sorted(extra)}; it takes {sorted(task.defaults)}")
+    return {**task.defaults, **(overrides or {})}
+
+
+def max_new_tokens(name: str, p: dict) -> int:
+    """Decoding budget: the longest answer plus `</s>`."""
+    return TASKS[name].max_answer(p) + 1
+
+
+# --------------------------------------------------------------------------- #
+# Verification and reward
+# --------------------------------------------------------------------------- #
+def correct(completion: str, answer: str) -> bool:
+    """Exact match of the decoded completion (up to `</s>`) with the answer."""
+    return completion == answer
+
+
+def reward(completion: str, answer: str, partial: float = 0.0) -> float:
+    """1 for an exact match; otherwise `partial` x the share of answer positions that match (0 by default)."""
+    if completion == answer:
+        return 1.0
+    if not partial:
+        return 0.0
+    hits = sum(a == b for a, b in zip(completion, answer, strict=False))
+    return partial * hits / max(len(answer), len(completion))
+
+
+# --------------------------------------------------------------------------- #
+# Data: a fixed eval set, and training prompts disjoint from it
+# --------------------------------------------------------------------------- #
+def eval_set(name: str, p: dict, n: int, seed: int) -> list[tuple[str, str]]:
+    """n distinct (prompt, answer) pairs, the same for a given (task, parameters, n, seed)."""
+    rng = random.Random(f"eval/{name}/{sorted(p.items())}/{seed}")
+    seen: dict[str, str] = {}
+    tries = 0
+    while len(seen) < n:
+        prompt, answer = TASKS[name].generate(rng, p)
+        seen.setdefault(prompt, answer)
+        tries += 1
+        if tries > 50 * n:
+            raise ValueError(f"task {name!r} with {p} has too few distinct prompts for an eval set of {n}")
+    return list(seen.items())
+
+
+class Sampler:
+    """Training examples of some tasks, never a prompt of `exclude` (the eval sets), from one seeded stream."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        task_params: dict[str, dict],
+        seed: int,
+        exclude: set[str],
+        weights: dict[str, float] | None = None,
+    ):
+        self.names = list(names)
+        self.params = task_params
+        self.exclude = exclude
+        self.weights = [float((weights or {}).get(n, 1.0)) for n in self.names]
+        self.rng = random.Random(f"train/{seed}")
+
+    def one(self, name: str) -> tuple[str, str]:
+        for _ in range(10_000):
+            prompt, answer = TASKS[name].generate(self.rng, self.params[name])
+            if prompt not in self.exclude:
+                return prompt, answer
+        raise ValueError(f"task {name!r}: every sampled prompt is in the eval set; widen its parameters")
+
+    def mixed(self, k: int) -> list[tuple[str, str, str]]:
+        """k (task, prompt, answer) triples, tasks drawn by weight."""
+        names = self.rng.choices(self.names, weights=self.weights, k=k)
+        return [(n, *self.one(n)) for n in names]
+
+    def task(self, name: str, k: int) -> list[tuple[str, str]]:
+        return [self.one(name) for _ in range(k)]

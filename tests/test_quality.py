@@ -1,0 +1,134 @@
+"""The merge-quality benchmark (benchmarks/quality): its tasks, and a tiny configuration end to end.
+
+The end-to-end test runs `benchmarks/quality/run.py --config smoke` twice on one cache root: the first run
+pretrains a tiny base on 2 tasks, trains 2 GRPO agents, merges them with real `mergekit-yaml` processes,
+runs `mergekit-ram inspect` and evaluates every model; the second must rebuild nothing and give the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+QUALITY = Path(__file__).resolve().parents[1] / "benchmarks" / "quality"
+RUN = QUALITY / "run.py"
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(QUALITY))
+import tasks as T  # noqa: E402
+
+BRACKETS = {")": "(", "]": "[", "}": "{", ">": "<"}
+
+
+def _balanced(s: str) -> bool:
+    stack = []
+    for c in s:
+        if c in BRACKETS.values():
+            stack.append(c)
+        elif not stack or stack.pop() != BRACKETS[c]:
+            return False
+    return not stack
+
+
+def _expected(name: str, prompt: str) -> str:
+    """An independent solver of each task."""
+    body = prompt[1:-1]
+    if name == "add":
+        a, b = body.split("+")
+        return str(int(a) + int(b))
+    if name == "sort":
+        return "".join(sorted(body))
+    if name == "reverse":
+        return body[::-1]
+    if name == "count":
+        x, s = body.split(":")
+        return str(s.count(x))
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name", sorted(T.TASKS))
+def test_task_answers_are_right_and_fit_the_vocabulary(name):
+    p = T.params(name)
+    rng = random.Random(0)
+    for _ in range(300):
+        prompt, answer = T.TASKS[name].generate(rng, p)
+        assert prompt[0] == T.TASKS[name].tag and prompt.endswith("=")
+        assert T.decode(T.encode(prompt + answer)) == prompt + answer
+        assert len(answer) < T.max_new_tokens(name, p)
+        if name == "brackets":
+            assert answer and _balanced(prompt[1:-1] + answer), (prompt, answer)
+        else:
+            assert answer == _expected(name, prompt), prompt
+    assert T.reward(answer, answer) == 1.0 and T.reward(answer + "0", answer) == 0.0
+    assert 0 < T.reward(answer[:-1] + "=", answer, partial=0.5) < 0.5 or len(answer) == 1
+
+
+def test_eval_sets_are_fixed_distinct_and_never_trained_on():
+    p = T.params("add", {"digits": 2})
+    items = T.eval_set("add", p, 200, seed=3)
+    assert items == T.eval_set("add", p, 200, seed=3) != T.eval_set("add", p, 200, seed=4)
+    assert len({q for q, _ in items}) == 200
+    assert T.eval_set("add", p, 50, seed=3) == items[:50]  # a smaller set is a prefix: the same items
+    held = {q for q, _ in items}
+    sampler = T.Sampler(["add"], {"add": p}, "x", held)
+    assert not held & {q for q, _ in sampler.task("add", 2000)}
+    with pytest.raises(ValueError, match="too few distinct prompts"):
+        T.eval_set("count", T.params("count", {"min_len": 1, "max_len": 1, "letters": 1}), 10, seed=0)
+    with pytest.raises(ValueError, match="no parameter"):
+        T.params("add", {"digit": 3})
+
+
+@pytest.mark.skipif(not (BIN / "mergekit-yaml").exists(), reason="mergekit-yaml not installed")
+def test_smoke_configuration_end_to_end_and_cached(tmp_path):
+    root, out1, out2 = tmp_path / "root", tmp_path / "out1", tmp_path / "out2"
+    cmd = [sys.executable, str(RUN), "--config", "smoke", "--root", str(root)]
+    first = subprocess.run([*cmd, "--out", str(out1)], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    res = json.loads((out1 / "results.json").read_text())
+
+    tasks = ["add", "reverse"]
+    rows = ["base", "add agent", "reverse agent", "ta_mean", "ties", "ramplus"]
+    assert list(res["tasks"]) == tasks and list(res["models"]) == rows
+    for row, m in res["models"].items():
+        assert set(m["accuracy"]) == set(tasks)
+        for t in tasks:
+            a = m["accuracy"][t]
+            assert 0 <= a["acc"] <= 1 and 0 <= a["se"] <= 0.5 and a["n"] == 64, (row, t, a)
+        assert 0 <= m["mean"] <= 1
+        assert m["kind"] == ("base" if row == "base" else "specialist" if row.endswith("agent") else "merge")
+        if m["kind"] == "merge":
+            assert set(m["retained"]) == set(tasks)
+    assert set(res["gains"]) == set(tasks) and set(res["ramplus_vs"]) == {"ta_mean", "ties"}
+    assert set(res["density"]) == set(tasks)
+    for d in res["density"].values():
+        assert 0 <= d["density"] <= 1 and d["active"] <= d["numel"]
+    assert res["r_sweep"][0]["r"] == 0.1 and res["r_sweep"][0]["merge"] == "ramplus"
+    for name in ("results.md", "chart.png", "density.png", "ram_stats.json"):
+        assert (out1 / name).stat().st_size > 0, name
+    md = (out1 / "results.md").read_text()
+    assert "| model | add | reverse | mean [95% CI] |" in md and "ramplus (r=0.1, α=2)" in md
+    stages = res["stages"]
+    assert not any(s.get("cached") for s in stages.values()) and stages["eval"]["models_cached"] == 0
+    cfg = stages["merge ramplus"]["config"]
+    assert cfg["merge_method"] == "ramplus" and cfg["parameters"]["r"] == 0.1 and cfg["dtype"] == "bfloat16"
+
+    # the same seed again: every stage from the cache, the same numbers
+    second = subprocess.run([*cmd, "--out", str(out2)], capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    again = json.loads((out2 / "results.json").read_text())
+    assert all(s["cached"] for k, s in again["stages"].items() if k != "eval")
+    assert again["stages"]["eval"] == {**again["stages"]["eval"], "models_evaluated": 0, "models_cached": 6}
+    assert again["models"] == res["models"] and again["density"] == res["density"]
+
+    # every model is a transformers checkpoint with its tokenizer (mergekit copied the base's)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    merged = Path(res["models"]["ramplus"]["folder"])
+    model = AutoModelForCausalLM.from_pretrained(merged)
+    assert str(model.dtype) == "torch.bfloat16" and model.config.vocab_size == len(T.VOCAB)
+    tok = AutoTokenizer.from_pretrained(merged)
+    assert tok.encode("A12+34=", add_special_tokens=False) == T.encode("A12+34=")
