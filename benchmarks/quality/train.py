@@ -182,7 +182,7 @@ def _right_padded(seqs: Sequence[Sequence[int]], starts: Sequence[int]):
 
 def token_logprobs(model, ids, attn, target):
     """log p of each target token (positions where `target` is True; 0 elsewhere), shape (B, L-1)."""
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
     logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     return logp * target[:, 1:]
 
