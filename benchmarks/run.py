@@ -69,10 +69,14 @@ t0 = ticks()
 start = time.perf_counter()
 limit = float(sys.argv[2])
 proc = subprocess.Popen(sys.argv[3:])
+timer = None
 if limit > 0:
     import threading
-    threading.Timer(limit, proc.kill).start()
+    timer = threading.Timer(limit, proc.kill)
+    timer.start()
 _, status, usage = os.wait4(proc.pid, 0)
+if timer is not None:
+    timer.cancel()  # else the launcher lingers until the limit, after the child is done
 wall = time.perf_counter() - start
 t1 = ticks()
 proc.returncode = os.waitstatus_to_exitcode(status)
