@@ -45,6 +45,7 @@ METHODS = {
     "ramplus_cold": ("ramplus cold", "ramplus", RAMPLUS, None),
     "ramplus_warm": ("ramplus warm (cache)", "ramplus", RAMPLUS, None),
     "ramplus_r0": ("ramplus r=0 (no pre-pass)", "ramplus", {**RAMPLUS, "r": 0.0}, None),
+    "ramplus_stats": ("statistics pass alone (mergekit-ram inspect)", "ramplus", RAMPLUS, None),
     "io_floor": ("I/O floor (read all, write one)", None, None, None),
 }
 SCALING_METHODS = ["help", "task_arithmetic", "ramplus_cold", "ramplus_warm", "ramplus_r0"]
@@ -150,6 +151,9 @@ class Bench:
         if method == "io_floor":
             return [sys.executable, str(HERE / "io_floor.py"), str(out), str(self.wl.base),
                     *map(str, self.wl.agents.values())]
+        if method == "ramplus_stats":  # the pre-pass without the merge: plan, count every tensor, print
+            return [str(BIN / "mergekit-ram"), "inspect", str(self.configs[method]), "--quiet",
+                    *(["--cuda"] if self.args.cuda else [])]
         return [MERGEKIT_YAML, str(self.configs[method]), str(out), *(["--cuda"] if self.args.cuda else [])]
 
     def run(self, method: str) -> dict:
