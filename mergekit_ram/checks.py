@@ -68,7 +68,7 @@ def _check_parameter_names(config: Any) -> None:
     for where, params, allows_shared in places:
         for key in params or {}:
             if key in per_model or (allows_shared and key in shared):
-                _check_value(key, params[key], where)
+                _check_value(key, (params or {})[key], where)
                 continue
             if key in shared:
                 raise ValueError(
