@@ -236,7 +236,8 @@ def _check_finite(peaks, base, agents, names, tensor_name, base_name) -> None:
 def _raise_non_finite(base, agents, names, tensor_name, base_name) -> None:
     where = f"tensor {tensor_name}" if tensor_name else "the tensor"
     if not bool(torch.isfinite(base).all()):
-        raise NonFiniteInputError(f"{where} of the base model contains NaN or Inf")
+        label = f"the base model {base_name}" if base_name else "the base model"
+        raise NonFiniteInputError(f"{where} of {label} contains NaN or Inf")
     for i, a in enumerate(agents):
         if not bool(torch.isfinite(a).all()):
             raise NonFiniteInputError(f"{where} of {_label(names, i)} contains NaN or Inf")
