@@ -130,6 +130,10 @@ def install_card() -> None:
 def _run_ramplus_merge(run_merge: Callable[..., Any], merge_config: Any, *args: Any, **kwargs: Any) -> Any:
     global _pending_stats
     out_path = args[0] if args else kwargs.get("out_path")
+    options = args[1] if len(args) > 1 else kwargs.get("options")
+    config_source = args[2] if len(args) > 2 else kwargs.get("config_source")
+    if config_source is None and getattr(options, "write_model_card", False):
+        checks.check_config_serialisable(merge_config)
     checks.check_input_files(merge_config)
     pending: list[tuple[str, str]] = []
     _pending_stats = pending
