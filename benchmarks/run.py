@@ -45,6 +45,7 @@ METHODS = {
     "ramplus_cold": ("ramplus cold", "ramplus", RAMPLUS, None),
     "ramplus_warm": ("ramplus warm (cache)", "ramplus", RAMPLUS, None),
     "ramplus_r0": ("ramplus r=0 (no pre-pass)", "ramplus", {**RAMPLUS, "r": 0.0}, None),
+    "ramplus_stats": ("statistics pass alone (mergekit-ram inspect)", "ramplus", RAMPLUS, None),
     "io_floor": ("I/O floor (read all, write one)", None, None, None),
 }
 SCALING_METHODS = ["help", "task_arithmetic", "ramplus_cold", "ramplus_warm", "ramplus_r0"]
@@ -69,10 +70,14 @@ t0 = ticks()
 start = time.perf_counter()
 limit = float(sys.argv[2])
 proc = subprocess.Popen(sys.argv[3:])
+timer = None
 if limit > 0:
     import threading
-    threading.Timer(limit, proc.kill).start()
+    timer = threading.Timer(limit, proc.kill)
+    timer.start()
 _, status, usage = os.wait4(proc.pid, 0)
+if timer is not None:
+    timer.cancel()  # else the launcher lingers until the limit, after the child is done
 wall = time.perf_counter() - start
 t1 = ticks()
 proc.returncode = os.waitstatus_to_exitcode(status)
@@ -146,6 +151,9 @@ class Bench:
         if method == "io_floor":
             return [sys.executable, str(HERE / "io_floor.py"), str(out), str(self.wl.base),
                     *map(str, self.wl.agents.values())]
+        if method == "ramplus_stats":  # the pre-pass without the merge: plan, count every tensor, print
+            return [str(BIN / "mergekit-ram"), "inspect", str(self.configs[method]), "--quiet",
+                    *(["--cuda"] if self.args.cuda else [])]
         return [MERGEKIT_YAML, str(self.configs[method]), str(out), *(["--cuda"] if self.args.cuda else [])]
 
     def run(self, method: str) -> dict:
@@ -524,6 +532,28 @@ def _per_tensor(report: dict, xs: list[float], methods: list[str]) -> list[str]:
             else:
                 cells.append(_fmt((x["wall_s"] - start) / xs[i] * 1e3) if x["ok"] else "—")
         lines.append(f"| {r['workload']['name']} | {xs[i]:g} | " + " | ".join(cells) + " |")
+    if "ramplus_cold" in methods and "ramplus_r0" in methods:
+        lines += _prepass_per_tensor(report, xs)
+    return lines
+
+
+def _prepass_per_tensor(report: dict, xs: list[float]) -> list[str]:
+    """The statistics pre-pass alone: ramplus cold minus r = 0 (same merge, no pre-pass), per tensor."""
+    lines = ["", "The statistics pre-pass alone, ramplus cold − ramplus r=0 (the same merge without it):", "",
+             "| workload | tensors | pre-pass s | ms per tensor |", "|---|---|---|---|"]
+    pts = []
+    for i, r in enumerate(report["workloads"]):
+        cold, r0 = (r["methods"].get(m, {}).get("summary", {}) for m in ("ramplus_cold", "ramplus_r0"))
+        if cold.get("ok") and r0.get("ok"):
+            d = cold["wall_s"] - r0["wall_s"]
+            pts.append((xs[i], d))
+            lines.append(f"| {r['workload']['name']} | {xs[i]:g} | {_fmt(d)} | {_fmt(d / xs[i] * 1e3)} |")
+        else:
+            lines.append(f"| {r['workload']['name']} | {xs[i]:g} | — | — |")
+    if len(pts) >= 2:
+        a, b, r2 = fit(*zip(*pts))
+        lines += ["", f"Fit: pre-pass s = {a:.3f} + {b * 1e3:.3f} ms × tensors (R² = {r2:.4f}); a cost growing with "
+                  "the square of the count would bend this line upwards."]
     return lines
 
 

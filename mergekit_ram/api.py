@@ -175,3 +175,5 @@ def _check_non_negative(**values: float) -> None:
     for name, value in values.items():
         if not value >= 0 or value == float("inf"):
             raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if name != "epsilon" and value > statistics.PARAMETER_MAX:
+            raise ValueError(f"{name} must be <= {statistics.PARAMETER_MAX:g}, got {value}")

@@ -6,8 +6,9 @@ inodes, safetensors headers and sixteen 64 KiB samples of each weight file; a
 hub snapshot's folder names its revision),
 the planned tensors with their inputs, dtype, vocabulary alignment and
 per-tensor epsilon, and the format version. Writes are atomic (temp file +
-rename), so concurrent merges never see half an entry; a corrupt entry is
-ignored with a warning and recomputed.
+rename), so concurrent merges never see half an entry; a corrupt entry, or one
+another user wrote (counts decide the merged weights), is ignored with a
+warning and recomputed. The folder is created private to the user.
 
 `MERGEKIT_RAM_CACHE=/path` moves it; `MERGEKIT_RAM_CACHE=off` turns it off.
 """
@@ -18,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -78,6 +80,11 @@ def load(digest: str) -> dict | None:
     path = folder / f"{digest}.json"
     try:
         with open(path, encoding="utf-8") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError("not a regular file")
+            if st.st_uid != os.geteuid():
+                raise ValueError(f"written by uid {st.st_uid}, not by you")
             entry = json.load(f)
         if entry.get("format") != FORMAT or entry.get("key") != digest:
             raise ValueError("format or key mismatch")
@@ -105,7 +112,7 @@ def store(digest: str, agents: list, tensors: list) -> Path | None:
         "tensors": tensors,
     }
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{digest}.", suffix=".tmp", dir=folder)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:

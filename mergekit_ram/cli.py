@@ -118,8 +118,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         raise _UsageError(f"no such config file: {args.config}")
     for name in ("r", "alpha"):  # before minutes of reading weights
         value = getattr(args, name)
-        if value is not None and (not value >= 0 or value == float("inf")):
-            raise _UsageError(f"--{name} must be a finite number >= 0, got {value}")
+        if value is not None and (not value >= 0 or value == float("inf") or value > statistics.PARAMETER_MAX):
+            raise _UsageError(f"--{name} must be a finite number >= 0 and <= {statistics.PARAMETER_MAX:g}, got {value}")
     config = MergeConfiguration.model_validate(yaml.safe_load(args.config.read_text(encoding="utf-8")))
     flags = (
         "cuda",

@@ -5,11 +5,15 @@ two `MergePlanner` methods and `mergekit.merge.generate_card`:
 
 - `_plan`: check the config (`mergekit_ram.checks`), let mergekit plan, then
   run the statistics pass (`mergekit_ram.prepass.run`) on the planned tasks;
-- `plan_to_disk`: refuse an output folder inside an input model, and append a
-  task that writes `ram_stats.json` once the model is written;
+- `plan_to_disk`: refuse an output folder inside an input model, drop a stale
+  `ram_stats.json` there, and have `ram_stats.json` written once the model is;
 - `generate_card`: append the "RAM+ statistics" section to the model card;
-- `run_merge`: a `ramplus` merge runs inside `mergekit_ram.loading.active()`,
-  mergekit's tensor loading in linear time (other methods are left alone).
+- `run_merge`: a `ramplus` merge first checks its input files
+  (`checks.check_input_files`), runs inside `mergekit_ram.loading.active()`
+  (mergekit's tensor loading in linear time), and writes `ram_stats.json` last,
+  after mergekit's config, card and tokenizer: its presence marks a finished
+  merge, so an interrupted one (killed, disk full) never looks complete. Other
+  methods are left alone.
 
 Besides `mergekit_ram.loading` (which guards its own two loader methods by
 their source), this module is the only one that patches mergekit. It checks mergekit's
@@ -21,6 +25,7 @@ mergekit changed shape; `unavailable_reason()` then tells why.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +49,7 @@ _TASK_FIELDS = (
 _MARK = "__mergekit_ram_prepass__"
 _unavailable: str | None = None
 _card_report: tuple[Any, dict] | None = None  # (config, report) of the merge being planned, for its card
+_pending_stats: list[tuple[str, str]] | None = None  # (out_path, payload), written when run_merge returns
 
 
 class IncompatibleMergekit(RuntimeError):
@@ -101,8 +107,7 @@ def install_card() -> None:
         def run_merge_wrapper(merge_config: Any, *args: Any, **kwargs: Any) -> Any:
             if not resolves_to_ours(merge_config.merge_method):
                 return run_merge(merge_config, *args, **kwargs)
-            with loading.active():  # linear-time tensor loading, for this merge only
-                return run_merge(merge_config, *args, **kwargs)
+            return _run_ramplus_merge(run_merge, merge_config, *args, **kwargs)
 
         _mark(run_merge_wrapper, run_merge)
         merge.run_merge = run_merge_wrapper
@@ -120,6 +125,37 @@ def install_card() -> None:
 
     _mark(generate_card, current)
     merge.generate_card = generate_card
+
+
+def _run_ramplus_merge(run_merge: Callable[..., Any], merge_config: Any, *args: Any, **kwargs: Any) -> Any:
+    global _pending_stats
+    out_path = args[0] if args else kwargs.get("out_path")
+    options = args[1] if len(args) > 1 else kwargs.get("options")
+    config_source = args[2] if len(args) > 2 else kwargs.get("config_source")
+    if config_source is None and getattr(options, "write_model_card", False):
+        checks.check_config_serialisable(merge_config)
+    checks.check_input_files(merge_config)
+    pending: list[tuple[str, str]] = []
+    _pending_stats = pending
+    try:
+        with loading.active():  # linear-time tensor loading, for this merge only
+            result = run_merge(merge_config, *args, **kwargs)
+        for folder, payload in pending:  # last: the marker of a finished merge
+            prepass.write_statistics(folder, payload)
+        return result
+    except BaseException as error:
+        if out_path and os.path.isdir(out_path) and pending:
+            LOG.error(
+                "mergekit-ram: the merge into %s stopped (%s: %s); the folder holds an incomplete model "
+                "(a finished ramplus merge ends by writing %s)",
+                out_path,
+                type(error).__name__,
+                error,
+                prepass.STATS_FILE,
+            )
+        raise
+    finally:
+        _pending_stats = None
 
 
 def _wrap(cls: type, name: str, replacement: Callable[..., Any]) -> None:
@@ -153,12 +189,16 @@ def _plan_to_disk(original: Callable[[Any, str], list[Any]], planner: Any, out_p
     ours = resolves_to_ours(planner.config.merge_method)
     if ours:
         checks.check_output(planner.config, out_path)
+        prepass.remove_stale_statistics(out_path)
     tasks = original(planner, out_path)
     found = getattr(planner, "_mergekit_ram_report", None)
     if ours and found is not None:
-        from mergekit.io.tasks import FinalizeModel
-
-        finalize = next(t for t in tasks if isinstance(t, FinalizeModel))
         _card_report = (planner.config, found)  # one merge at a time: an older report never reaches a card
-        tasks.append(prepass.WriteStatistics(out_path=out_path, payload=report.dumps(found), after=finalize))
+        if _pending_stats is not None:  # inside run_merge: written after everything else
+            _pending_stats.append((out_path, report.dumps(found)))
+        else:  # someone drives the planner directly: after the model, as a task
+            from mergekit.io.tasks import FinalizeModel
+
+            finalize = next(t for t in tasks if isinstance(t, FinalizeModel))
+            tasks.append(prepass.WriteStatistics(out_path=out_path, payload=report.dumps(found), after=finalize))
     return tasks

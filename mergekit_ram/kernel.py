@@ -21,6 +21,7 @@ from mergekit_ram import native
 
 CHUNK_CPU = 1 << 18
 CHUNK_ACCELERATOR = 1 << 24
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 class NonFiniteInputError(ValueError):
@@ -58,6 +59,7 @@ def count(
     *,
     names: Sequence[str] | None = None,
     tensor_name: str | None = None,
+    base_name: str | None = None,
     chunk: int | None = None,
 ) -> torch.Tensor:
     """Per agent: its active entries, those no other agent changed (unique), and
@@ -75,7 +77,7 @@ def count(
     if chunk is None and native.supports(base, agents):
         totals, bad = native.count(base, agents, epsilon)
         if bad:
-            _raise_non_finite(base, agents, names, tensor_name)
+            _raise_non_finite(base, agents, names, tensor_name, base_name)
         return totals
     cdtype = _compute_dtype(base, agents)
     flat_base, flat_agents = base.reshape(-1), [a.reshape(-1) for a in agents]
@@ -101,7 +103,7 @@ def count(
         totals[:, 0] += mk.sum(dim=1)
         totals[:, 1] += (mk & (hk == 1)).sum(dim=1)
         totals[:, 2] += (mk & (hk == 2)).sum(dim=1)
-    _check_finite(peaks, base, agents, names, tensor_name)
+    _check_finite(peaks, base, agents, names, tensor_name, base_name)
     return totals
 
 
@@ -115,6 +117,7 @@ def merge(
     out_dtype: torch.dtype | None = None,
     names: Sequence[str] | None = None,
     tensor_name: str | None = None,
+    base_name: str | None = None,
     chunk: int | None = None,
 ) -> torch.Tensor:
     """Eq. 7: base where no agent is active, base + lambda_t * tau_t where only
@@ -126,8 +129,10 @@ def merge(
     _check_shapes(base, agents, names, tensor_name)
     if len(lambdas) != len(agents):
         raise ValueError(f"got {len(lambdas)} lambdas for {len(agents)} agents")
-    if not all(math.isfinite(lam) for lam in lambdas):
-        raise ValueError(f"every lambda must be finite, got {list(lambdas)}")
+    # float32 range, not float64's: the loops scale in float32, where a larger lambda is
+    # Inf and 0 * Inf (an agent inactive at an entry) is NaN in the merged weights.
+    if not all(math.isfinite(lam) and abs(lam) <= _FLOAT32_MAX for lam in lambdas):
+        raise ValueError(f"every lambda must be finite in float32, got {list(lambdas)}")
     if out_dtype is None:
         out_dtype = _promoted(base, agents)
     out = torch.empty(base.shape, dtype=out_dtype, device=base.device)
@@ -139,7 +144,7 @@ def merge(
         return out
     if chunk is None and native.supports(base, agents, out_dtype):
         if native.merge(base, agents, lambdas, epsilon, flat_out):
-            _raise_non_finite(base, agents, names, tensor_name)
+            _raise_non_finite(base, agents, names, tensor_name, base_name)
         return out
     cdtype = _compute_dtype(base, agents)
     flat_base, flat_agents = base.reshape(-1), [a.reshape(-1) for a in agents]
@@ -174,7 +179,7 @@ def merge(
         torch.where(hk == 1, sk, tk, out=tk)
         tk.add_(bk)
         flat_out[start:stop].copy_(tk)
-    _check_finite(peaks, base, agents, names, tensor_name)
+    _check_finite(peaks, base, agents, names, tensor_name, base_name)
     return out
 
 
@@ -222,16 +227,17 @@ def _check_shapes(base, agents, names, tensor_name) -> None:
         raise TypeError(f"base{where} is not floating point ({base.dtype})")
 
 
-def _check_finite(peaks, base, agents, names, tensor_name) -> None:
+def _check_finite(peaks, base, agents, names, tensor_name, base_name) -> None:
     # max() propagates NaN and Inf, so one small sync per tensor covers every entry.
     if not bool(torch.isfinite(peaks).all()):
-        _raise_non_finite(base, agents, names, tensor_name)
+        _raise_non_finite(base, agents, names, tensor_name, base_name)
 
 
-def _raise_non_finite(base, agents, names, tensor_name) -> None:
+def _raise_non_finite(base, agents, names, tensor_name, base_name) -> None:
     where = f"tensor {tensor_name}" if tensor_name else "the tensor"
     if not bool(torch.isfinite(base).all()):
-        raise NonFiniteInputError(f"{where} of the base model contains NaN or Inf")
+        label = f"the base model {base_name}" if base_name else "the base model"
+        raise NonFiniteInputError(f"{where} of {label} contains NaN or Inf")
     for i, a in enumerate(agents):
         if not bool(torch.isfinite(a).all()):
             raise NonFiniteInputError(f"{where} of {_label(names, i)} contains NaN or Inf")

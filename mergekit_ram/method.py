@@ -32,19 +32,20 @@ from mergekit_ram import kernel, statistics
 NAME = "ramplus"
 
 
-def _non_negative(name: str, *, finite: bool = True):
+def _non_negative(name: str, *, finite: bool = True, bounded: bool = False):
     def check(value: float) -> float:
-        if math.isnan(value) or value < 0 or (finite and math.isinf(value)):
-            kind = "a finite number >= 0" if finite else "a number >= 0"
-            raise ValueError(f"ramplus parameter '{name}' must be {kind}, got {value}")
+        if finite:
+            statistics.check_parameter(name, value, upper=bounded)
+        elif math.isnan(value) or value < 0:
+            raise ValueError(f"ramplus parameter '{name}' must be a number >= 0, got {value}")
         return value
 
     return AfterValidator(check)
 
 
 Epsilon = Annotated[float, _non_negative("epsilon")]
-R = Annotated[float, _non_negative("r")]
-Alpha = Annotated[float, _non_negative("alpha")]
+R = Annotated[float, _non_negative("r", bounded=True)]
+Alpha = Annotated[float, _non_negative("alpha", bounded=True)]
 Rho = Annotated[float, _non_negative("rho", finite=False)] | None
 
 
@@ -79,6 +80,7 @@ def ramplus(
         epsilon,
         names=names,
         tensor_name=group.metadata.name,
+        base_name=str(group.base.id),
     )
 
 

@@ -6,6 +6,13 @@ library is compiled for this machine (`-march=native`) into the cache folder,
 keyed by source, compiler and CPU, and replaced atomically, so concurrent
 first runs are safe. Work is split over torch's thread count; ctypes releases
 the GIL during each call.
+
+Loading a shared library runs its code, so it is built into and loaded from
+a folder owned by the user and writable by no one else (as is the folder above
+it), and only a regular file owned by the user and writable by no one else is
+loaded: a library planted by another user, or a cache folder others can write
+to, is refused with one warning and the torch path runs instead. A library that
+does not load (corrupt, foreign) is deleted and rebuilt once.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import logging
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -49,6 +57,10 @@ def supports(base: torch.Tensor, agents: Sequence[torch.Tensor], out_dtype: torc
     return all(a.dtype == base.dtype and a.device == base.device for a in agents) and library() is not None
 
 
+class UnsafeLocation(RuntimeError):
+    """The kernel's folder or file could be written by someone else: loading it could run their code."""
+
+
 def library():
     """The loaded library, building it once; None (with one warning) if it cannot be."""
     global _lib, _failed
@@ -57,8 +69,8 @@ def library():
     with _lock:
         if _lib is None and _failed is None:
             try:
-                _lib = _declare(ctypes.CDLL(str(_build())))
-            except Exception as error:  # no compiler, read-only cache, odd platform
+                _lib = _load()
+            except Exception as error:  # no compiler, read-only cache, unsafe folder, odd platform
                 _failed = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
                 LOG.warning(
                     "mergekit-ram: fast CPU kernel unavailable (%s); using the torch kernel "
@@ -147,31 +159,83 @@ def _declare(lib):
     return lib
 
 
-def _build() -> Path:
+def _load():
+    """Build (or find) the library and load it; a cached one that does not load is rebuilt once."""
+    compiler, flags, target = _recipe()
+    fresh = _build(compiler, flags, target)
+    try:
+        return _declare(ctypes.CDLL(str(target)))
+    except (OSError, AttributeError) as error:  # not a library, or not ours: never keep loading it
+        if fresh:
+            raise
+        LOG.warning("mergekit-ram: the compiled kernel %s does not load (%s); rebuilding it", target, error)
+        target.unlink()
+        _build(compiler, flags, target)
+        return _declare(ctypes.CDLL(str(target)))
+
+
+def target() -> Path:
+    """Where the library for this source, compiler and CPU lives (built or not)."""
+    return _recipe()[2]
+
+
+def _recipe() -> tuple[str, list[str], Path]:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
-    flags = ["-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", "-std=gnu11"]
+    flags = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-shared", "-fPIC", "-std=gnu11"]
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256(
         "\n".join([SOURCE.read_text(), compiler, version, " ".join(flags), platform.machine(), _cpu()]).encode()
     ).hexdigest()[:16]
-    folder = _folder()
-    target = folder / f"ramkernel-{digest}.so"
-    if target.exists():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
+    return compiler, flags, _folder() / f"ramkernel-{digest}.so"
+
+
+def _build(compiler: str, flags: list[str], target: Path) -> bool:
+    """Compile into `target` unless a safe one is there; True when it was compiled now."""
+    folder = target.parent
+    if not folder.parent.exists():
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not folder.exists():
+        folder.mkdir(mode=0o700, exist_ok=True)
+    _check_private(folder.parent, "cache folder", follow=True)
+    _check_private(folder, "kernel folder")
+    if os.path.lexists(target):
+        _check_private(target, "compiled kernel")
+        return False
     fd, tmp = tempfile.mkstemp(prefix=".ramkernel-", suffix=".so", dir=folder)
     os.close(fd)
     try:
         done = subprocess.run([compiler, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-500:]}")
+            raise RuntimeError(f"compiling {SOURCE.name} with {compiler} failed: {done.stderr.strip()[-500:]}")
+        os.chmod(tmp, 0o700)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return target
+    _check_private(target, "compiled kernel")
+    return True
+
+
+def _check_private(path: Path, what: str, *, follow: bool = False) -> None:
+    """UnsafeLocation unless `path` is owned by this user and writable by no one else
+    (and, unless `follow`, not a symbolic link)."""
+    st = os.stat(path) if follow else os.lstat(path)
+    uid = os.geteuid()
+    problem = None
+    if stat.S_ISLNK(st.st_mode):
+        problem = "it is a symbolic link"
+    elif st.st_uid != uid:
+        problem = f"it belongs to uid {st.st_uid}, not to you (uid {uid})"
+    elif st.st_mode & 0o022:
+        problem = f"others can write to it (mode {stat.S_IMODE(st.st_mode):o}; `chmod go-w {path}` fixes that)"
+    elif what == "compiled kernel" and not stat.S_ISREG(st.st_mode):
+        problem = "it is not a regular file"
+    elif what != "compiled kernel" and not stat.S_ISDIR(st.st_mode):
+        problem = "it is not a folder"
+    if problem:
+        raise UnsafeLocation(f"refusing the {what} {path}: {problem}")
 
 
 def _folder() -> Path:

@@ -44,6 +44,7 @@ def run(planner) -> dict[str, statistics.AgentStats] | None:
     if not planned:
         return None
     tasks = [task for _, task in planned]
+    checks.check_stored_tensors(planner, tasks)
     checks.warn_stored_dtypes(planner, tasks[0])
     needs = {
         model
@@ -253,7 +254,14 @@ class CountTask(Task[statistics.TensorCounts | None]):
         agents = group.non_base
         labels = [str(e.id) for e in agents]
         epsilon = task.parameters["epsilon"]
-        counts = kernel.count(group.base.tensor, [e.tensor for e in agents], epsilon, names=labels, tensor_name=name)
+        counts = kernel.count(
+            group.base.tensor,
+            [e.tensor for e in agents],
+            epsilon,
+            names=labels,
+            tensor_name=name,
+            base_name=str(task.base_model),
+        )
         return statistics.TensorCounts(
             name, group.base.tensor.numel(), dict(zip(labels, map(tuple, counts.tolist()), strict=True)), epsilon
         )
@@ -273,11 +281,43 @@ class WriteStatistics(Task[None]):
         return True
 
     def execute(self, **_kwargs) -> None:
-        os.makedirs(self.out_path, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".ram_stats.", dir=self.out_path)
+        write_statistics(self.out_path, self.payload)
+
+
+def write_statistics(out_path: str, payload: str) -> None:
+    """Write ram_stats.json atomically; a failure names the file and leaves no temp file."""
+    os.makedirs(out_path, exist_ok=True)
+    target = os.path.join(out_path, STATS_FILE)
+    fd, tmp = tempfile.mkstemp(prefix=".ram_stats.", dir=out_path)
+    try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(self.payload)
-        os.replace(tmp, os.path.join(self.out_path, STATS_FILE))
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as error:
+        raise OSError(error.errno, f"could not write {target}: {error.strerror or error}") from error
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def remove_stale_statistics(out_path: str) -> None:
+    """An older merge's ram_stats.json would mark a new, unfinished merge as complete: remove it first."""
+    path = os.path.join(out_path, STATS_FILE)
+    if os.path.isfile(path) and not os.path.islink(path):
+        LOG.info("ramplus: removing %s of an earlier merge (it is written again when this merge finishes)", path)
+        os.unlink(path)
+    weights = sorted(
+        n for n in (os.listdir(out_path) if os.path.isdir(out_path) else []) if n.endswith((".safetensors", ".bin"))
+    )
+    if weights:
+        LOG.warning(
+            "ramplus: the output folder %s already holds %s; mergekit overwrites the files it writes again and "
+            "leaves the others (remove stale shards yourself)",
+            out_path,
+            ", ".join(weights),
+        )
 
 
 def inspect_config(config, options):
@@ -301,6 +341,7 @@ def _inspect(config, options):
     if not ours:  # inspect any config with a base: its own parameters are not ours to judge
         config = config.model_copy(update={"merge_method": NAME})
     checks.check_config(config, parameters=ours)
+    checks.check_input_files(config)
     arch_info = get_architecture_info(config, options)
     loaders = LoaderCache()
     loaders.setup(options=options)
@@ -313,6 +354,7 @@ def _inspect(config, options):
     if not planned:
         raise ValueError("nothing to inspect: the config plans no tensor")
     tasks = [t for _, t in planned]
+    checks.check_stored_tensors(planner, tasks)
     checks.warn_stored_dtypes(planner, tasks[0])
     stats, source = _statistics(planner, tasks, compute=True)
     return report.build(stats, tasks, source=source, identities=_identities(planner, tasks[0])), stats

@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from mergekit_ram import kernel
 
 SCOPES = ("model", "layer", "tensor")
+#: Largest accepted `r` and `alpha`. The paper's lambda is about 1.2; beyond this,
+#: lambda * tau is no longer a weight update, and lambda itself (or 0 * lambda for an
+#: agent without unique entries) can leave float32's range and turn merged values into
+#: Inf or NaN.
+PARAMETER_MAX = 1000.0
 LAMBDA_RULES = ("clip", "soft")
 _LAYER = re.compile(r"(^|\.)(layers|h|blocks|block|layer)\.(\d+)\.")
 
@@ -53,6 +58,13 @@ class AgentStats:
 
     def lambda_(self, r: float, alpha: float, rule: str = "clip") -> float:
         return lambda_for(self.rho, r, alpha, rule)
+
+
+def check_parameter(name: str, value: float, *, upper: bool = True) -> None:
+    """ValueError unless 0 <= value (<= PARAMETER_MAX for `r` and `alpha`), naming the parameter."""
+    if not value >= 0 or value == math.inf or (upper and value > PARAMETER_MAX):
+        bound = f" and <= {PARAMETER_MAX:g}" if upper else ""
+        raise ValueError(f"ramplus parameter '{name}' must be a finite number >= 0{bound}, got {value}")
 
 
 def lambda_for(rho: float, r: float, alpha: float, rule: str = "clip") -> float:

@@ -15,12 +15,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mergekit_ram  # noqa: E402,F401  (registers `ramplus` and the pre-pass)
 import models  # noqa: E402
+from reliability import harness as _reliability  # noqa: E402
 
 # The statistics cache would let one test's counts serve another's and would
 # write into the user's cache folder: off by default, cache tests opt in.
 import os  # noqa: E402
 
 os.environ["MERGEKIT_RAM_CACHE"] = "off"
+
+
+def pytest_runtest_logreport(report):
+    _reliability.logreport(report)  # counts for RELIABILITY.md (tests/reliability/harness.py)
+
+
+def pytest_terminal_summary(terminalreporter):
+    _reliability.finish(terminalreporter)
 
 
 def pytest_configure(config):

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
-METHODS = ["help", "task_arithmetic", "ramplus_cold", "ramplus_warm", "io_floor"]
+METHODS = ["help", "task_arithmetic", "ramplus_cold", "ramplus_warm", "ramplus_stats", "io_floor"]
 LABELS = {"help": "mergekit-yaml --help", "task_arithmetic": "| task_arithmetic |", "ramplus_cold": "ramplus cold",
-          "ramplus_warm": "ramplus warm", "io_floor": "I/O floor"}
+          "ramplus_warm": "ramplus warm", "ramplus_stats": "statistics pass alone", "io_floor": "I/O floor"}
 
 
 @pytest.mark.skipif(not (Path(sys.executable).parent / "mergekit-yaml").exists(), reason="mergekit-yaml not installed")
@@ -36,6 +36,7 @@ def test_runner_end_to_end_on_tiny(tmp_path):
         assert entry["summary"]["wall_s"] == run["wall_s"] and entry["summary"]["rss_gb"] > 0
     assert res["methods"]["ramplus_warm"]["runs"][0]["cache_hit"] is True
     assert res["methods"]["ramplus_cold"]["config"]["merge_method"] == "ramplus"
+    assert res["methods"]["ramplus_stats"]["command"][1] == "inspect"
 
     md = (out / "results.md").read_text()
     ta = res["methods"]["task_arithmetic"]["summary"]["wall_s"]

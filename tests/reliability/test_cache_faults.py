@@ -1,0 +1,164 @@
+"""The statistics cache: hand-edited, foreign-owned, special-file and unwritable entries, a
+full disk while writing one, and inputs rewritten behind its back.
+
+Decided behaviour: the cache can only ever save time. An entry that is not exactly what
+this user's mergekit-ram wrote for these inputs is ignored with a warning naming it and
+recomputed; a cache that cannot be written is a warning; every merge equals a fresh
+count's (the float64 reference). Older cases counted here: tests/test_statistics_cache.py
+(eleven kinds of corrupt, truncated and foreign-version entries, inconsistent entries,
+two processes and four threads sharing one cache, an unwritable cache folder, an agent
+rewritten in place with its mtime restored).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+import models
+import pytest
+from safetensors.torch import save_file
+
+from reliability.conftest import config_yaml, copy_models, full_disk, inputs
+
+LOGGER = "mergekit_ram"
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "ram-cache"
+    monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(folder))
+    return folder
+
+
+def _entries(folder):
+    return sorted(p for p in folder.iterdir() if p.name.endswith(".json") and not p.name.startswith("."))
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
+
+
+def _cold(run_yaml, qwen, cache_dir):
+    agents = [qwen.path("A"), qwen.path("B"), qwen.path("C")]
+    text = config_yaml(qwen.path("base"), agents)
+    cold = run_yaml(text)
+    assert cold.count_calls > 0
+    (entry,) = _entries(cache_dir)
+    return text, agents, entry
+
+
+def _swap_counts(entry: dict) -> dict:
+    for t in entry["tensors"]:
+        a, b = list(t["counts"])[:2]
+        t["counts"][a], t["counts"][b] = t["counts"][b], t["counts"][a]
+    return entry
+
+
+def _chown_other(path):
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    os.chown(path, 65534, 65534)
+
+
+def _dev_zero(path):
+    path.unlink()
+    path.symlink_to("/dev/zero")
+
+
+def _directory(path):
+    path.unlink()
+    path.mkdir()
+
+
+EDITS = {
+    # name: (edit(path), recomputed?, words of the warning)
+    "hand-edited-counts": (
+        lambda p: p.write_text(json.dumps(_swap_counts(json.loads(p.read_text())))),
+        True,
+        "checksum",
+    ),
+    "owned-by-another-user": (_chown_other, True, "uid 65534"),
+    "symlink-to-dev-zero": (_dev_zero, True, "regular file"),
+    "a-directory": (_directory, True, "statistics cache entry"),
+    "pretty-printed-same-content": (
+        lambda p: p.write_text(json.dumps(json.loads(p.read_text()), indent=2)),
+        False,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("how", list(EDITS))
+def test_edited_entry(rel, qwen_bf16, run_yaml, cache_dir, caplog, how):
+    rel.watch(*qwen_bf16.paths.values())
+    text, agents, entry = _cold(run_yaml, qwen_bf16, cache_dir)
+    edit, recomputed, words = EDITS[how]
+    edit(entry)
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    run = run_yaml(text)
+    warnings = _warnings(caplog)
+    if recomputed:
+        assert run.count_calls > 0, "an edited entry was trusted"
+        assert any(str(entry) in m and words in m for m in warnings), warnings
+        rel.names(next(m for m in warnings if str(entry) in m), entry, words)
+    else:
+        assert run.count_calls == 0 and not warnings, warnings
+    rel.matches_reference(run.tensors, *inputs(qwen_bf16.path("base"), agents))
+
+
+def test_full_disk_while_writing_an_entry(rel, qwen_bf16, run_yaml, cache_dir, caplog, monkeypatch):
+    rel.fault()
+    rel.watch(*qwen_bf16.paths.values())
+    cache_dir.mkdir()
+    hit = full_disk(monkeypatch, cache_dir)
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    agents = [qwen_bf16.path("A"), qwen_bf16.path("B")]
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), agents))
+    assert hit, "the fault was not injected"
+    message = next(m for m in _warnings(caplog) if "could not write the statistics cache" in m)
+    rel.names(message, cache_dir, "No space left on device")
+    assert [p.name for p in cache_dir.iterdir() if p.is_file()] == [], "a partial entry or temp file was left"
+    assert json.loads((run.out / "ram_stats.json").read_text())["statistics"] == "computed"
+    rel.matches_reference(run.tensors, *inputs(qwen_bf16.path("base"), agents))
+
+
+def test_cache_folder_is_a_dangling_symlink(rel, qwen_bf16, run_yaml, tmp_path, monkeypatch, caplog):
+    link = tmp_path / "cache-link"
+    link.symlink_to(tmp_path / "nowhere" / "cache")
+    monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(link))
+    rel.watch(*qwen_bf16.paths.values())
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    agents = [qwen_bf16.path("A"), qwen_bf16.path("B")]
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), agents))
+    rel.names(next(m for m in _warnings(caplog) if "statistics cache" in m), link)
+    rel.matches_reference(run.tensors, *inputs(qwen_bf16.path("base"), agents))
+
+
+def test_agent_replaced_by_rename_with_mtime_restored(rel, qwen_bf16, run_yaml, cache_dir, tmp_path):
+    """`mv new old` (a new inode) with the old size and mtime: counted afresh, never stale."""
+    copies = copy_models({k: qwen_bf16.paths[k] for k in ("base", "A", "B")}, tmp_path / "m")
+    agents = [copies["A"], copies["B"]]
+    text = config_yaml(copies["base"], agents)
+    run_yaml(text)
+    fam = qwen_bf16.family
+    name = "model.layers.1.mlp.gate_proj.weight"
+    idx = fam.regions[name]["B"].tolist()  # entries unique to B become shared with A
+    target = copies["A"] / "model.safetensors"
+    st = os.stat(target)
+    fresh = tmp_path / "new.safetensors"
+    save_file(
+        models.perturb(fam.agents["A"], {name: dict.fromkeys(idx, 0.03125)}), str(fresh), metadata={"format": "pt"}
+    )
+    assert os.stat(fresh).st_size == st.st_size
+    shutil.move(str(fresh), str(target))
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    from mergekit.io.tasks import LoaderCache
+
+    LoaderCache().flush_all()  # in-process only: a new mergekit-yaml starts without open files
+    rel.watch(*copies.values())
+    after = run_yaml(text)
+    assert after.count_calls > 0, "statistics of the replaced file were reused"
+    rel.matches_reference(after.tensors, *inputs(copies["base"], agents))

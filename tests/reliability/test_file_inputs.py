@@ -1,0 +1,275 @@
+"""Damaged and odd files: truncated or corrupt safetensors, lying headers, missing config.json
+or shards, read-only inputs, output folders that are inputs or hold files, unusual path
+names, pickle (.bin) checkpoints.
+
+Decided behaviour: a damaged input is an error naming the file (and the tensor, when a
+header entry lies), raised before mergekit opens it; a folder mergekit cannot use is an
+error naming it; a pickle that names anything but tensors is refused without being
+unpickled (mergekit 0.1.5 has no opt-in for arbitrary pickles: it loads with
+weights_only=True or its restricted lazy unpickler); everything else merges and equals
+the reference. Older cases counted here: tests/test_artifacts.py (output folder equal to,
+inside, or a symlink to an input).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import models
+import pytest
+import torch
+
+from reliability.conftest import config_yaml, copy_models, finished, inputs, no_weights
+
+
+def _header(path: Path):
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+def _write(path: Path, header: dict, data: bytes) -> None:
+    blob = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + data)
+
+
+def _last(header: dict) -> str:
+    return max((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][1])
+
+
+def _edit(fn):
+    def damage(path: Path):
+        header, data = _header(path)
+        fn(header)
+        _write(path, header, data)
+
+    return damage
+
+
+def _offsets_lie(h):
+    h[_last(h)]["data_offsets"][1] += 2
+
+
+def _overlap(h):
+    name = _last(h)
+    h[name]["data_offsets"] = [h[name]["data_offsets"][0] - 2, h[name]["data_offsets"][1] - 2]
+
+
+def _shape_lies(h):
+    h["model.layers.0.mlp.up_proj.weight"]["shape"] = [48, 16]
+
+
+def _dtype_lies(h):
+    h["model.layers.0.mlp.up_proj.weight"]["dtype"] = "F32"
+
+
+def _bytes(fn):
+    def damage(path: Path):
+        path.write_bytes(fn(path.read_bytes()))
+
+    return damage
+
+
+def _not_json(raw: bytes) -> bytes:
+    n = struct.unpack("<Q", raw[:8])[0]
+    return raw[:8] + b"{" + b"\x00" * (n - 1) + raw[8 + n :]
+
+
+DAMAGE = {
+    # name: (damage, words the message must hold besides the file)
+    "truncated-in-data": (_bytes(lambda b: b[: len(b) // 2]), "truncated"),
+    "truncated-in-header": (_bytes(lambda b: b[:100]), "header claims"),
+    "empty-file": (_bytes(lambda b: b""), "shorter than"),
+    "random-bytes": (_bytes(lambda b: os.urandom(4096)), "safetensors"),
+    "header-not-json": (_bytes(_not_json), "not JSON"),
+    "trailing-bytes": (_bytes(lambda b: b + b"\x00" * 100), "trailing bytes"),
+    "offsets-lie": (_edit(_offsets_lie), "offsets span"),
+    "offsets-overlap": (_edit(_overlap), "overlap or gap"),
+    "shape-lies": (_edit(_shape_lies), "model.layers.0.mlp.up_proj.weight"),
+    "dtype-lies": (_edit(_dtype_lies), "model.layers.0.mlp.up_proj.weight"),
+}
+
+
+@pytest.mark.parametrize("how", list(DAMAGE))
+@pytest.mark.parametrize("who", ["agent", "base"])
+def test_damaged_safetensors_is_named(rel, qwen_bf16, run_yaml, tmp_path, how, who):
+    copies = copy_models({"base": qwen_bf16.paths["base"], "A": qwen_bf16.paths["A"]}, tmp_path / "m")
+    target = copies["A" if who == "agent" else "base"] / "model.safetensors"
+    damage, words = DAMAGE[how]
+    damage(target)
+    rel.watch(*copies.values(), qwen_bf16.paths["B"])
+    with pytest.raises(ValueError) as info:
+        run_yaml(config_yaml(copies["base"], [copies["A"], qwen_bf16.path("B")]), out=tmp_path / "o")
+    rel.names(info, target, words, "not a valid safetensors file")
+    no_weights(tmp_path / "o")
+
+
+def test_index_naming_a_missing_shard(rel, qwen_bf16, make_model, run_yaml, tmp_path):
+    sharded = make_model("A-2-shards", qwen_bf16.family.agents["A"], shards=2)
+    (copy,) = copy_models({"A": sharded}, tmp_path / "m").values()
+    (copy / "model-00002-of-00002.safetensors").unlink()
+    rel.watch(copy, *qwen_bf16.paths.values())
+    with pytest.raises(ValueError) as info:
+        run_yaml(config_yaml(qwen_bf16.path("base"), [copy, qwen_bf16.path("B")]), out=tmp_path / "o")
+    rel.names(info, copy / "model-00002-of-00002.safetensors", "missing")
+    no_weights(tmp_path / "o")
+
+
+def test_unreadable_index(rel, qwen_bf16, make_model, run_yaml, tmp_path):
+    sharded = make_model("A-2-shards", qwen_bf16.family.agents["A"], shards=2)
+    (copy,) = copy_models({"A": sharded}, tmp_path / "m").values()
+    index = copy / "model.safetensors.index.json"
+    index.write_text(index.read_text()[:40])
+    rel.watch(copy, *qwen_bf16.paths.values())
+    with pytest.raises(ValueError) as info:
+        run_yaml(config_yaml(qwen_bf16.path("base"), [copy, qwen_bf16.path("B")]), out=tmp_path / "o")
+    rel.names(info, index, "unreadable")
+    no_weights(tmp_path / "o")
+
+
+@pytest.mark.parametrize("missing", ["config.json", "weights"])
+def test_folder_without_config_or_weights(rel, qwen_bf16, run_yaml, tmp_path, missing):
+    copies = copy_models({"A": qwen_bf16.paths["A"]}, tmp_path / "m")
+    for name in ["config.json"] if missing == "config.json" else ["model.safetensors"]:
+        (copies["A"] / name).unlink()
+    rel.watch(copies["A"], *qwen_bf16.paths.values())
+    with pytest.raises(Exception) as info:
+        run_yaml(config_yaml(qwen_bf16.path("base"), [copies["A"], qwen_bf16.path("B")]), out=tmp_path / "o")
+    rel.names(info, copies["A"], *(["config.json"] if missing == "config.json" else []))
+    no_weights(tmp_path / "o")
+
+
+@pytest.fixture
+def read_only(qwen_bf16, tmp_path):
+    copies = copy_models({k: qwen_bf16.paths[k] for k in ("base", "A", "B")}, tmp_path / "ro")
+    for folder in copies.values():
+        for f in folder.iterdir():
+            f.chmod(0o444)
+        folder.chmod(0o555)
+    return copies  # left read-only: pytest's clean-up handles that, and `rel` compares modes last
+
+
+def test_read_only_inputs_merge(rel, read_only, run_yaml):
+    rel.watch(*read_only.values())
+    agents = [read_only["A"], read_only["B"]]
+    run = run_yaml(config_yaml(read_only["base"], agents))
+    finished(run.out)
+    rel.matches_reference(run.tensors, *inputs(read_only["base"], agents))
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o555 for p in read_only.values())
+
+
+def test_output_folder_holding_an_earlier_merge(rel, qwen_bf16, run_yaml, tmp_path, caplog):
+    """A rerun into a finished merge's folder (another r) replaces it; its ram_stats.json is
+    removed first, so an interrupted rerun could not pass for finished."""
+    agents = [qwen_bf16.path("A"), qwen_bf16.path("B")]
+    out = tmp_path / "o"
+    rel.watch(*qwen_bf16.paths.values())
+    run_yaml(config_yaml(qwen_bf16.path("base"), agents), out=out)
+    assert json.loads((out / "ram_stats.json").read_text())["parameters"]["r"] == 0.1
+    (out / "notes.txt").write_text("mine")
+    caplog.set_level(logging.WARNING, logger="mergekit_ram")
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), agents, parameters={"r": 0.3}), out=out)
+    assert any("already holds model.safetensors" in r.getMessage() for r in caplog.records)
+    assert json.loads((out / "ram_stats.json").read_text())["parameters"]["r"] == 0.3
+    assert (out / "notes.txt").read_text() == "mine"
+    finished(out)
+    rel.matches_reference(run.tensors, *inputs(qwen_bf16.path("base"), agents), r=0.3)
+
+
+def test_output_path_is_a_file(rel, qwen_bf16, run_yaml, tmp_path):
+    out = tmp_path / "a-file"
+    out.write_text("not a folder")
+    rel.watch(*qwen_bf16.paths.values())
+    with pytest.raises(Exception) as info:
+        run_yaml(config_yaml(qwen_bf16.path("base"), [qwen_bf16.path("A")]), out=out)
+    rel.names(info, out)
+    assert out.read_text() == "not a folder"
+
+
+ODD = ["with spaces", "ünïcødé 模型", "$(touch PWNED) `touch PWNED2`; 'q' \"dq\" & | > *"]
+
+
+def _odd_models(rel, qwen_bf16, tmp_path):
+    root = tmp_path / ODD[0] / ODD[1] / ODD[2]
+    copies = copy_models({k: qwen_bf16.paths[k] for k in ("base", "A", "B")}, root)
+    rel.watch(*copies.values())
+    return root, copies["base"], [copies["A"], copies["B"]]
+
+
+def test_odd_path_names(rel, qwen_bf16, tmp_path):
+    """Spaces, unicode and shell metacharacters in every path, through the `mergekit-yaml` console script."""
+    root, base, agents = _odd_models(rel, qwen_bf16, tmp_path)
+    config, out = root / "ramplus $x.yml", root / "merged $HOME ü"
+    config.write_text(config_yaml(base, agents), encoding="utf-8")
+    script = Path(sys.executable).parent / "mergekit-yaml"
+    if not script.exists():
+        pytest.skip("the mergekit-yaml console script is not installed")
+    proc = subprocess.run(
+        [str(script), str(config), str(out), "--no-copy-tokenizer"],
+        env={**os.environ, "MERGEKIT_RAM_CACHE": "off"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    finished(out)
+    assert str(agents[0]) in (out / "README.md").read_text(encoding="utf-8")
+    rel.matches_reference(models.load_checkpoint(out), *inputs(base, agents))
+    assert not list(tmp_path.rglob("PWNED*"))
+
+
+def test_odd_path_names_api_without_yaml_text(rel, qwen_bf16, run_yaml, tmp_path):
+    """mergekit 0.1.5 cannot serialise a path with a space into the card (pydantic: "Circular
+    reference detected"), after writing every weight; a `ramplus` merge says so before reading any."""
+    root, base, agents = _odd_models(rel, qwen_bf16, tmp_path)
+    out = root / "merged"
+    with pytest.raises(ValueError) as info:
+        run_yaml(config_yaml(base, agents), out=out)
+    rel.names(info, str(base), "config_source", "space")
+    no_weights(out)
+
+
+def _bin_model(folder: Path, state_dict, obj=None) -> Path:
+    folder.mkdir(parents=True)
+    models.make_config("qwen2", False, torch.bfloat16).save_pretrained(str(folder))
+    torch.save(obj if obj is not None else dict(state_dict), folder / "pytorch_model.bin")
+    return folder.resolve()
+
+
+def test_pickle_agent_with_plain_tensors_merges(rel, qwen_bf16, run_yaml, tmp_path):
+    agent = _bin_model(tmp_path / "bin-A", qwen_bf16.family.agents["A"])
+    rel.watch(agent, *qwen_bf16.paths.values())
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), [agent, qwen_bf16.path("B")]))
+    base, sds = inputs(qwen_bf16.path("base"), [qwen_bf16.path("B")])
+    sds = {str(agent): dict(qwen_bf16.family.agents["A"]), **sds}
+    rel.matches_reference(run.tensors, base, sds)
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch '{self.marker}'",))
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["default", "lazy-unpickle"])
+def test_pickle_that_runs_code_is_never_unpickled(rel, qwen_bf16, run_yaml, tmp_path, lazy):
+    marker = tmp_path / "code-ran"
+    sd = dict(qwen_bf16.family.agents["A"])
+    sd["model.norm.weight"] = _Payload(marker)
+    agent = _bin_model(tmp_path / "evil", sd)
+    rel.watch(agent, *qwen_bf16.paths.values())
+    with pytest.raises(ValueError) as info:
+        run_yaml(config_yaml(qwen_bf16.path("base"), [agent]), out=tmp_path / "o", lazy_unpickle=lazy)
+    rel.names(info, agent / "pytorch_model.bin", "system")
+    assert not marker.exists(), "the pickle's code ran"
+    no_weights(tmp_path / "o")

@@ -1,0 +1,172 @@
+"""The compiled kernel: a failing build and a corrupt, planted or exposed library.
+
+Decided behaviour: loading a shared library runs its code, so it is built into and loaded
+from a folder owned by the user and writable by no one else (nor is the cache folder
+above it), and only a regular file owned by the user and writable by no one else is
+loaded. Anything else (no compiler, `CC=/bin/false`, an unusable build folder, another
+user's or an exposed library or folder) is one warning naming the cause, and the torch
+path gives the same merge; a library that does not load is deleted and rebuilt.
+Every case merges with whatever path it ends on and compares with the float64 reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+
+import pytest
+import torch
+
+import mergekit_ram
+from mergekit_ram import native
+
+LOGGER = "mergekit_ram"
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch, caplog):
+    """A process that has not looked for the library yet, with its own cache folder."""
+    folder = tmp_path / "cache"
+
+    def start(cache=folder):
+        monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(cache))
+        monkeypatch.setenv("MERGEKIT_RAM_NATIVE", "1")
+        monkeypatch.setattr(native, "_lib", None)
+        monkeypatch.setattr(native, "_failed", None)
+        caplog.set_level(logging.WARNING, logger=LOGGER)
+        return cache
+
+    start.folder = folder
+    return start
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING]
+
+
+def _merge_checks(rel):
+    """A merge on whatever path the kernel now takes equals the float64 reference."""
+    gen = torch.Generator().manual_seed(3)
+    base = {"w": torch.randn(64, 48, generator=gen).bfloat16()}
+    agents = {}
+    for name in "abc":
+        mask = torch.rand(64, 48, generator=gen) < 0.3
+        agents[name] = {"w": (base["w"].double() + 0.05 * mask).bfloat16()}
+    rel.matches_reference(mergekit_ram.merge_state_dicts(base, agents), base, agents)
+
+
+def _private(path):
+    st = os.lstat(path)
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def test_fresh_build_is_private(rel, fresh):
+    cache = fresh()
+    assert native.library() is not None
+    target = native.target()
+    assert target.parent == cache / "native"
+    assert stat.S_IMODE(os.stat(cache / "native").st_mode) == 0o700
+    assert _private(target) and _private(target.parent) and _private(cache)
+    assert not [p for p in target.parent.iterdir() if p.name.startswith(".")]
+    _merge_checks(rel)
+
+
+@pytest.mark.parametrize(
+    "cc", ["/bin/false", "/nonexistent/cc", None], ids=["CC=/bin/false", "CC-missing", "no-compiler"]
+)
+def test_build_failure_falls_back(rel, fresh, monkeypatch, caplog, cc):
+    rel.fault()
+    cache = fresh()
+    if cc is None:
+        monkeypatch.delenv("CC", raising=False)
+        monkeypatch.setattr(native.shutil, "which", lambda _name: None)
+    else:
+        monkeypatch.setenv("CC", cc)
+    assert native.library() is None
+    (message,) = [m for m in _warnings(caplog) if "fast CPU kernel unavailable" in m]
+    rel.names(message, cc or "no C compiler", "torch kernel")
+    folder = cache / "native"
+    assert not folder.exists() or not list(folder.iterdir()), "a temp or partial library was left"
+    _merge_checks(rel)
+
+
+def test_unusable_build_folder_falls_back(rel, fresh, caplog):
+    rel.fault()
+    cache = fresh()
+    cache.mkdir(mode=0o700)
+    (cache / "native").write_text("a file where the folder should be")
+    assert native.library() is None
+    (message,) = [m for m in _warnings(caplog) if "fast CPU kernel unavailable" in m]
+    rel.names(message, cache / "native")
+    _merge_checks(rel)
+
+
+def test_corrupt_library_is_rebuilt(rel, fresh, caplog):
+    rel.fault()
+    cache = fresh()
+    target = native.target()
+    target.parent.mkdir(parents=True, mode=0o700)
+    os.chmod(cache, 0o700)
+    target.write_bytes(b"not a library\n" * 150)
+    target.chmod(0o700)
+    assert native.library() is not None
+    rel.names(next(m for m in _warnings(caplog) if "does not load" in m), target, "rebuilding")
+    assert target.read_bytes()[:4] == b"\x7fELF", "the corrupt library is still there"
+    _merge_checks(rel)
+
+
+def _plant(fresh, mode=0o700, owner=None):
+    cache = fresh()
+    target = native.target()
+    target.parent.mkdir(parents=True, mode=0o700)
+    os.chmod(cache, 0o700)
+    target.write_bytes(b"planted, never to be loaded")
+    target.chmod(mode)
+    if owner is not None:
+        if os.geteuid() != 0:
+            pytest.skip("giving a file to another user needs root")
+        os.chown(target, owner, owner)
+    return cache, target
+
+
+@pytest.mark.parametrize("how", ["other-user", "writable-by-others"])
+def test_exposed_library_is_refused(rel, fresh, caplog, how):
+    _, target = _plant(fresh, **({"owner": 65534} if how == "other-user" else {"mode": 0o777}))
+    assert native.library() is None
+    (message,) = [m for m in _warnings(caplog) if "fast CPU kernel unavailable" in m]
+    rel.names(
+        message, "refusing the compiled kernel", target, "uid 65534" if how == "other-user" else "others can write"
+    )
+    assert target.read_bytes() == b"planted, never to be loaded", "a refused library was touched"
+    _merge_checks(rel)
+
+
+@pytest.mark.parametrize("how", ["world-writable-cache", "group-writable-kernel-folder", "kernel-folder-symlink"])
+def test_exposed_folder_is_refused(rel, fresh, tmp_path, caplog, how):
+    cache = fresh()
+    cache.mkdir(mode=0o700)
+    if how == "world-writable-cache":
+        os.chmod(cache, 0o777)
+        culprit, words = cache, "others can write"
+    elif how == "group-writable-kernel-folder":
+        (cache / "native").mkdir()
+        os.chmod(cache / "native", 0o770)
+        culprit, words = cache / "native", "others can write"
+    else:
+        private = tmp_path / "elsewhere"
+        private.mkdir(mode=0o700)
+        (cache / "native").symlink_to(private, target_is_directory=True)
+        culprit, words = cache / "native", "symbolic link"
+    assert native.library() is None
+    (message,) = [m for m in _warnings(caplog) if "fast CPU kernel unavailable" in m]
+    rel.names(message, "refusing", culprit, words)
+    _merge_checks(rel)
+
+
+def test_cache_folder_with_odd_characters_builds(rel, fresh, tmp_path):
+    cache = fresh(tmp_path / "sp ace" / "$(touch PWNED); 'q' ü")
+    assert native.library() is not None
+    assert native.target().parent == cache / "native"
+    assert not list(tmp_path.rglob("PWNED*"))
+    _merge_checks(rel)

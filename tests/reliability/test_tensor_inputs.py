@@ -1,0 +1,227 @@
+"""Bad and odd tensors: NaN/Inf, shapes, dtypes, missing or extra tensors, integer and empty
+tensors, degenerate agent sets (identical agents, no unique entries, 1 and 20 agents).
+
+Decided behaviour: NaN/Inf anywhere, a shape mismatch, an integer (quantized) tensor
+where the base holds floats, and a missing tensor are errors naming tensor and model,
+raised before a weight file is written; everything else merges and equals the float64
+reference. Older cases counted here: tests/test_merge.py (1 agent, an agent without
+unique entries, an agent identical to the base, NaN in an agent), tests/test_kernel.py
+(zero-element tensors, 300 agents), tests/test_api.py (integer buffers).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+from reliability.conftest import config_yaml, inputs, no_weights
+
+MLP = "model.layers.1.mlp.down_proj.weight"
+EMBED = "model.embed_tokens.weight"
+
+
+def _with(sd, name, fn):
+    out = {k: v.clone() for k, v in sd.items()}
+    out[name] = fn(out[name])
+    return out
+
+
+def _poke(value, index=7):
+    def fn(t):
+        t.view(-1)[index] = value
+        return t
+
+    return fn
+
+
+# ---------------------------------------------------------------- NaN / Inf
+
+
+@pytest.mark.parametrize(
+    "who, value, r",
+    [("base", math.nan, 0.1), ("agent", math.inf, 0.1), ("agent", -math.inf, 0.0), ("base", math.inf, 0.0)],
+    ids=["nan-in-base", "inf-in-agent", "-inf-in-agent-r0", "inf-in-base-r0"],
+)
+def test_non_finite_value_names_tensor_and_model(rel, qwen_bf16, make_model, run_yaml, tmp_path, who, value, r):
+    from mergekit_ram.kernel import NonFiniteInputError
+
+    fam = qwen_bf16.family
+    source = fam.base if who == "base" else fam.agents["A"]
+    bad = make_model(f"{who}-{value}", _with(source, MLP, _poke(value)))
+    base = bad if who == "base" else qwen_bf16.path("base")
+    agents = [qwen_bf16.path("B"), bad] if who == "agent" else [qwen_bf16.path("A"), qwen_bf16.path("B")]
+    rel.watch(bad, *qwen_bf16.paths.values())
+    with pytest.raises(NonFiniteInputError) as info:
+        run_yaml(config_yaml(base, agents, parameters={"r": r}), out=tmp_path / "out")
+    rel.names(info, MLP, bad, "NaN or Inf")
+    assert qwen_bf16.path("B") not in str(info.value)
+    no_weights(tmp_path / "out")
+
+
+def test_nan_in_a_tied_embedding_names_it(rel, llama_tied, make_model, run_yaml, tmp_path):
+    from mergekit_ram.kernel import NonFiniteInputError
+
+    fam = llama_tied.family
+    bad = make_model("tied-nan", _with(fam.agents["A"], EMBED, _poke(math.nan, 3)), arch="llama", tied=True)
+    rel.watch(bad, *llama_tied.paths.values())
+    with pytest.raises(NonFiniteInputError) as info:
+        run_yaml(config_yaml(llama_tied.path("base"), [bad, llama_tied.path("B")]), out=tmp_path / "out")
+    rel.names(info, EMBED, bad)
+    no_weights(tmp_path / "out")
+
+
+# ---------------------------------------------------------------- shapes, dtypes, names
+
+
+@pytest.mark.parametrize("r", [0.1, 0.0], ids=["prepass", "r0"])
+def test_shape_mismatch_names_tensor_and_model(rel, qwen_bf16, make_model, run_yaml, tmp_path, r, monkeypatch):
+    name = "model.layers.0.self_attn.q_proj.bias"
+    bad = make_model("shape", _with(qwen_bf16.family.agents["A"], name, lambda t: t[:16].clone()))
+    rel.watch(bad, *qwen_bf16.paths.values())
+    with pytest.raises(ValueError) as info:
+        run_yaml(
+            config_yaml(qwen_bf16.path("base"), [bad, qwen_bf16.path("B")], parameters={"r": r}), out=tmp_path / "o"
+        )
+    rel.names(info, name, bad, "(16,)", "(32,)")
+    no_weights(tmp_path / "o")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", None], ids=["dtype-bf16", "no-dtype"])
+def test_integer_tensor_in_an_agent_is_refused(rel, qwen_bf16, make_model, run_yaml, tmp_path, dtype):
+    """A quantized (int8) weight would be cast to `dtype:` and merged as numbers: refused."""
+    bad = make_model("int8", _with(qwen_bf16.family.agents["A"], MLP, lambda t: (t * 100).to(torch.int8)))
+    rel.watch(bad, *qwen_bf16.paths.values())
+    with pytest.raises(ValueError) as info:
+        run_yaml(config_yaml(qwen_bf16.path("base"), [bad, qwen_bf16.path("B")], dtype=dtype), out=tmp_path / "o")
+    rel.names(info, MLP, bad, "I8")
+    no_weights(tmp_path / "o")
+
+
+def test_float32_agent_with_bf16_base_merges_as_bf16(rel, qwen_bf16, make_model, run_yaml, caplog):
+    """Another float dtype is only a warning: with `dtype: bfloat16` the (exact) fp32
+    copy of A merges exactly like A itself."""
+    a32 = make_model("A-fp32", {k: v.float() for k, v in qwen_bf16.family.agents["A"].items()}, dtype=torch.float32)
+    rel.watch(a32, *qwen_bf16.paths.values())
+    caplog.set_level(logging.WARNING, logger="mergekit_ram")
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), [a32, qwen_bf16.path("B")]))
+    assert any("different dtype" in r.getMessage() for r in caplog.records)
+    base, agents = inputs(qwen_bf16.path("base"), [a32, qwen_bf16.path("B")], cast=torch.bfloat16)
+    rel.matches_reference(run.tensors, base, agents)
+
+
+@pytest.mark.parametrize("r", [0.1, 0.0], ids=["prepass", "r0"])
+def test_agent_missing_a_tensor_names_tensor_and_model(rel, qwen_bf16, make_model, run_yaml, tmp_path, r):
+    sd = {k: v for k, v in qwen_bf16.family.agents["A"].items() if k != MLP}
+    bad = make_model("missing", sd)
+    rel.watch(bad, *qwen_bf16.paths.values())
+    with pytest.raises(Exception) as info:
+        run_yaml(
+            config_yaml(qwen_bf16.path("base"), [bad, qwen_bf16.path("B")], parameters={"r": r}), out=tmp_path / "o"
+        )
+    rel.names(info, MLP, bad)
+    no_weights(tmp_path / "o")
+
+
+def test_agent_missing_its_lm_head_names_it(rel, qwen_bf16, make_model, run_yaml, tmp_path):
+    sd = {k: v for k, v in qwen_bf16.family.agents["A"].items() if k != "lm_head.weight"}
+    bad = make_model("no-lm-head", sd)
+    rel.watch(bad, *qwen_bf16.paths.values())
+    with pytest.raises(Exception) as info:
+        run_yaml(config_yaml(qwen_bf16.path("base"), [bad, qwen_bf16.path("B")]), out=tmp_path / "o")
+    rel.names(info, "lm_head.weight", bad)
+    no_weights(tmp_path / "o")
+
+
+def test_extra_tensors_in_an_agent_are_ignored(rel, qwen_bf16, make_model, run_yaml):
+    """mergekit merges the base architecture's tensors; a stray tensor in an agent is not one."""
+    sd = dict(qwen_bf16.family.agents["A"])
+    sd["model.extra_head.weight"] = torch.ones(4, 32, dtype=torch.bfloat16)
+    sd["model.layers.0.extra.step"] = torch.tensor([3], dtype=torch.int64)
+    extra = make_model("extra", sd)
+    rel.watch(extra, *qwen_bf16.paths.values())
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), [extra, qwen_bf16.path("B")]))
+    base, agents = inputs(qwen_bf16.path("base"), [extra, qwen_bf16.path("B")])
+    rel.matches_reference(run.tensors, base, agents)
+
+
+# ---------------------------------------------------------------- degenerate agent sets
+
+
+def test_all_agents_identical(rel, qwen_bf16, make_model, run_yaml):
+    """Every change shared: rho = inf for all, lambda multiplies nothing, result = base + tau_A."""
+    twin = make_model("A-twin", qwen_bf16.family.agents["A"])
+    rel.watch(twin, *qwen_bf16.paths.values())
+    agents = [qwen_bf16.path("A"), twin]
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), agents))
+    assert all(s.rho == math.inf for s in run.stats.values())
+    base, sds = inputs(qwen_bf16.path("base"), agents)
+    rel.matches_reference(run.tensors, base, sds)
+
+
+def test_agent_identical_to_base_alone(rel, qwen_bf16, run_yaml, caplog):
+    """The only agent changes nothing: the merge is the base, with a warning naming it."""
+    caplog.set_level(logging.WARNING, logger="mergekit_ram")
+    rel.watch(*qwen_bf16.paths.values())
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), [qwen_bf16.path("Z")]))
+    assert any(qwen_bf16.path("Z") in r.getMessage() and "identical" in r.getMessage() for r in caplog.records)
+    base, sds = inputs(qwen_bf16.path("base"), [qwen_bf16.path("Z")])
+    rel.matches_reference(run.tensors, base, sds)
+    for name, t in run.tensors.items():
+        assert torch.equal(t, base[name]), name
+
+
+@pytest.fixture(scope="module")
+def twenty(qwen_bf16, make_model):
+    """20 agents of one base, each changing its own random 4% plus a shared 1% region."""
+    fam = qwen_bf16.family
+    gen = torch.Generator().manual_seed(20)
+    paths = []
+    for i in range(20):
+        sd = {}
+        for name, b in fam.base.items():
+            n = b.numel()
+            mask = torch.rand(n, generator=gen) < 0.04
+            mask[: max(1, n // 100)] = True
+            delta = (torch.rand(n, generator=gen, dtype=torch.float64) * 0.04 + 0.02) * torch.where(
+                torch.rand(n, generator=gen) < 0.5, -1.0, 1.0
+            ).double()
+            a = b.double().reshape(-1) + delta * mask
+            sd[name] = a.to(b.dtype).reshape(b.shape)
+        paths.append(make_model(f"agent{i:02d}", sd))
+    return paths
+
+
+def test_twenty_agents(rel, qwen_bf16, twenty, run_yaml):
+    rel.watch(qwen_bf16.path("base"), *twenty)
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), twenty, parameters={"r": 0.2}))
+    assert len(run.stats) == 20
+    base, sds = inputs(qwen_bf16.path("base"), twenty)
+    rel.matches_reference(run.tensors, base, sds, r=0.2)
+
+
+def test_zero_element_tensors_merge(rel):
+    """mergekit plans no empty tensor for these architectures: the in-memory API (same kernel)."""
+    import mergekit_ram
+
+    gen = torch.Generator().manual_seed(0)
+    base = {"empty": torch.zeros(0, 8), "w": torch.randn(6, 8, generator=gen)}
+    agents = {
+        "a": {"empty": torch.zeros(0, 8), "w": base["w"] + 0.05 * (torch.rand(6, 8, generator=gen) < 0.3)},
+        "b": {"empty": torch.zeros(0, 8), "w": base["w"] - 0.05 * (torch.rand(6, 8, generator=gen) < 0.3)},
+    }
+    merged = mergekit_ram.merge_state_dicts(base, agents)
+    assert merged["empty"].shape == (0, 8)
+    rel.matches_reference(merged, base, agents, names=list(base), eps=1e-5, r=0.1, alpha=2.0)
+
+
+def test_integer_buffer_equal_everywhere_is_copied(rel):
+    import mergekit_ram
+
+    base = {"w": torch.linspace(-1, 1, 12).reshape(3, 4), "step": torch.tensor([7, 8])}
+    agent = {"w": base["w"] + torch.tensor([0.1] + [0.0] * 11).reshape(3, 4), "step": torch.tensor([7, 8])}
+    merged = mergekit_ram.merge_state_dicts(base, [agent])
+    assert torch.equal(merged["step"], base["step"]) and merged["step"].dtype == torch.int64
+    rel.matches_reference({"w": merged["w"]}, base, [agent], names=["w"])
