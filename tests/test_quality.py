@@ -67,6 +67,51 @@ def test_task_answers_are_right_and_fit_the_vocabulary(name):
     assert 0 < T.reward(answer[:-1] + "=", answer, partial=0.5) < 0.5 or len(answer) == 1
 
 
+def _bug_differs(name: str, prompt: str) -> bool:
+    """Independently: on which prompts does each task's systematic error give a wrong answer?"""
+    body = prompt[1:-1]
+    if name == "add":
+        a, b = map(int, body.split("+"))
+        return a % 10 + b % 10 >= 10  # a units carry
+    if name == "sort":
+        return body[-1] < max(body[:-1])  # the last digit is not (one of) the largest
+    if name == "reverse":
+        return body[0] != body[1]
+    if name == "count":
+        x, s = body.split(":")
+        return x in s[(len(s) + 1) // 2 :]
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name", sorted(T.TASKS))
+def test_systematic_errors_are_wrong_exactly_where_they_should_be(name):
+    p = T.params(name, {"reverse": {"letters": 4}}.get(name))  # the benchmark's alphabet
+    rng = random.Random(1)
+    wrong = 0
+    for _ in range(1000):
+        prompt, answer = T.TASKS[name].generate(rng, p)
+        bug = T.TASKS[name].bug(prompt)
+        assert T.decode(T.encode(bug)) == bug and len(bug) < T.max_new_tokens(name, p), (prompt, bug)
+        if name == "brackets":
+            assert bug == answer[::-1]  # closes in the order of opening
+        else:
+            assert (bug != answer) == _bug_differs(name, prompt), (prompt, answer, bug)
+        wrong += bug != answer
+    # mediocre, not zero: the error is right on part of the prompts and wrong on most
+    assert 0.3 < wrong / 1000 < 0.9, wrong
+
+
+def test_a_flawed_corpus_gives_the_error_as_often_as_asked():
+    p = {"reverse": T.params("reverse", {"letters": 4})}
+    for noise, lo, hi in ((0.0, 0, 0), (1.0, 1, 1), (0.6, 0.55, 0.65)):
+        sampler = T.Sampler(["reverse"], p, "n", set(), noise={"reverse": noise})
+        items = sampler.task("reverse", 2000)
+        differs = [(q, a) for q, a in items if q[1] != q[2]]  # where the error is wrong
+        share = sum(a == T.TASKS["reverse"].bug(q) for q, a in differs) / len(differs)
+        assert lo <= share <= hi, (noise, share)
+        assert all(a in (q[1:-1][::-1], T.TASKS["reverse"].bug(q)) for q, a in items)
+
+
 def test_eval_sets_are_fixed_distinct_and_never_trained_on():
     p = T.params("add", {"digits": 2})
     items = T.eval_set("add", p, 200, seed=3)
@@ -113,6 +158,9 @@ def test_smoke_configuration_end_to_end_and_cached(tmp_path):
     assert "| model | add | reverse | mean [95% CI] |" in md and "ramplus (r=0.1, α=2)" in md
     stages = res["stages"]
     assert not any(s.get("cached") for s in stages.values())
+    # per-task RL settings over the shared ones (smoke: reverse trains 2 steps, add 3)
+    assert [h["step"] for h in stages["agent add"]["history"]] == [3]
+    assert [h["step"] for h in stages["agent reverse"]["history"]] == [2]
     # evaluations are keyed by the weights: identical models (an agent whose GRPO steps had no reward signal)
     # share one
     assert stages["eval"]["models_cached"] + stages["eval"]["models_evaluated"] == 6

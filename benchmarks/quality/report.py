@@ -89,6 +89,17 @@ def build(cfg: dict, pipe, correct: dict, inspected: Path | None, folders: dict[
         for m, r in R.R_SWEEP.items()
         if m in models
     ]
+    eps_sweep = [
+        {
+            "merge": m,
+            "epsilon": e,
+            "mean": models[m]["mean"],
+            "mean_ci": models[m]["mean_ci"],
+            "retained_mean": models[m].get("retained_mean"),
+        }
+        for m, e in R.EPS_SWEEP.items()
+        if m in models
+    ]
 
     density = {}
     if inspected is not None:
@@ -130,6 +141,7 @@ def build(cfg: dict, pipe, correct: dict, inspected: Path | None, folders: dict[
         },
         "density": density,
         "r_sweep": r_sweep,
+        "epsilon_sweep": eps_sweep,
         "ramplus_vs": comparisons,
     }
 
@@ -263,6 +275,22 @@ def markdown(res: dict, short: bool = False) -> str:
                 + " |"
             )
 
+    if len(res.get("epsilon_sweep", [])) > 1:
+        out += [
+            "",
+            "## ε sweep (ramplus, r = 0.1, α = 2)",
+            "",
+            "| ε | mean accuracy [95% CI] | retained share, mean [95% CI] |",
+            "|---|---|---|",
+        ]
+        for s in res["epsilon_sweep"]:
+            rm = s["retained_mean"]
+            out.append(
+                f"| {s['epsilon']:g} | {_pct(s['mean'])}{_ci(s['mean_ci'])} | "
+                + ("—" if rm is None else f"{_pct(rm['share'], 0)} %{_ci(rm['ci'], 0)}")
+                + " |"
+            )
+
     if res["ramplus_vs"]:
         out += [
             "",
@@ -281,12 +309,32 @@ def markdown(res: dict, short: bool = False) -> str:
         out.append(f"| {name} | {s.get('key', '—')} | {cached} | {s.get('build_seconds', 0):.1f} |")
     base_hist = base_stage.get("history") or []
     if base_hist:
+        pc = cfg["pretrain"]
+        stop = (
+            f"stopped by its probe (mean ≥ {pc['stop_mean']}, each task ≥ {pc['stop_min']}) or at {pc['steps']} steps"
+            if pc["stop_mean"] <= 1
+            else "a fixed budget" + (", learning rate decayed linearly to 0" if pc.get("decay") else "")
+        )
+        noise = pc.get("noise") or {}
         out += [
             "",
             f"Base: {base_stage.get('parameters', 0):,} parameters, pretrained {base_stage.get('steps')} steps "
-            f"(stopped by its probe: mean ≥ {cfg['pretrain']['stop_mean']}, each task ≥ "
-            f"{cfg['pretrain']['stop_min']}, or at {cfg['pretrain']['steps']} steps).",
+            f"({stop}); "
+            + (
+                "share of pretraining answers that are the task's systematic error: "
+                + ", ".join(f"{t} {v}" for t, v in noise.items())
+                if noise
+                else "a clean corpus"
+            )
+            + ".",
         ]
+        rl = cfg["rl"]
+        steps = {t: rl.get("per_task", {}).get(t, {}).get("steps", rl["steps"]) for t in tasks}
+        out.append(
+            f"Agents: GRPO, lr {rl['lr']}, {rl['prompts']} prompts x {rl['group']} samples per step, steps "
+            + ", ".join(f"{t} {n}" for t, n in steps.items())
+            + "."
+        )
     return "\n".join(out) + "\n"
 
 

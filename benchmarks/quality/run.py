@@ -54,40 +54,55 @@ ALL_MERGES = [
     "ramplus_r0",
     "ramplus_r0.05",
     "ramplus_r0.2",
+    "ramplus_eps1e-4",
+    "ramplus_eps1e-3",
 ]
+#: task difficulty shared by `full` and `dev`
+TASKS = {
+    "add": {"digits": 2},
+    "sort": {"min_len": 4, "max_len": 8},
+    "reverse": {"min_len": 4, "max_len": 8, "letters": 4},
+    "count": {"min_len": 6, "max_len": 12},
+}
+#: the pretraining corpus gives the task's systematic error (tasks.py) as the answer this often
+NOISE = {"add": 0.6, "sort": 0.6, "reverse": 0.6, "count": 0.6}
 CONFIGS: dict[str, dict] = {
     "full": {
         "seed": 0,
         "threads": 2,
-        "tasks": {
-            "add": {"digits": 3},
-            "sort": {"min_len": 4, "max_len": 7},
-            "reverse": {"min_len": 4, "max_len": 7, "letters": 26},
-            "count": {"min_len": 6, "max_len": 12},
-        },
+        "tasks": TASKS,
         "model": {"hidden": 128, "intermediate": 384, "layers": 4, "heads": 4, "kv_heads": 2},
         "pretrain": {
             "steps": 3000,
             "batch": 64,
             "lr": 2e-3,
             "warmup": 100,
+            "decay": True,
             "weight_decay": 0.01,
-            "probe_every": 100,
+            "probe_every": 300,
             "probe_n": 200,
-            "stop_mean": 0.35,
-            "stop_min": 0.15,
+            "stop_mean": 2.0,  # never: a fixed budget, the learning rate decays to 0
+            "stop_min": 2.0,
             "weights": {},
+            "noise": NOISE,
         },
         "rl": {
             "steps": 150,
             "prompts": 16,
             "group": 8,
-            "lr": 1e-4,
+            "lr": 3e-6,
             "temperature": 1.0,
             "partial": 0.0,
             "kl": 0.0,
-            "probe_every": 25,
+            "probe_every": 50,
             "probe_n": 200,
+            # agents trained for different lengths, as real ones are: each about as long as its task needs
+            "per_task": {
+                "add": {"steps": 800},
+                "sort": {"steps": 100},
+                "reverse": {"steps": 160},
+                "count": {"steps": 120},
+            },
         },
         "eval": {"n": 2500, "exclude": 2500, "batch": 512, "bootstrap": 2000},
         "merges": ALL_MERGES,
@@ -98,34 +113,31 @@ CONFIGS: dict[str, dict] = {
     "dev": {
         "seed": 0,
         "threads": 2,
-        "tasks": {
-            "add": {"digits": 3},
-            "sort": {"min_len": 4, "max_len": 7},
-            "reverse": {"min_len": 4, "max_len": 7, "letters": 26},
-            "count": {"min_len": 6, "max_len": 12},
-        },
+        "tasks": TASKS,
         "model": {"hidden": 64, "intermediate": 192, "layers": 3, "heads": 4, "kv_heads": 2},
         "pretrain": {
             "steps": 2000,
             "batch": 64,
             "lr": 3e-3,
             "warmup": 100,
+            "decay": True,
             "weight_decay": 0.01,
-            "probe_every": 100,
+            "probe_every": 250,
             "probe_n": 200,
-            "stop_mean": 0.35,
-            "stop_min": 0.15,
+            "stop_mean": 2.0,
+            "stop_min": 2.0,
             "weights": {},
+            "noise": NOISE,
         },
         "rl": {
-            "steps": 100,
+            "steps": 300,
             "prompts": 16,
             "group": 8,
-            "lr": 3e-4,
+            "lr": 3e-6,
             "temperature": 1.0,
             "partial": 0.0,
             "kl": 0.0,
-            "probe_every": 25,
+            "probe_every": 50,
             "probe_n": 200,
         },
         "eval": {"n": 1000, "exclude": 2500, "batch": 500, "bootstrap": 1000},
@@ -146,9 +158,11 @@ CONFIGS: dict[str, dict] = {
             "weight_decay": 0.0,
             "probe_every": 30,
             "probe_n": 32,
+            "decay": True,
             "stop_mean": 2.0,
             "stop_min": 2.0,
             "weights": {},
+            "noise": {"add": 0.6, "reverse": 0.6},
         },
         "rl": {
             "steps": 3,
@@ -160,11 +174,12 @@ CONFIGS: dict[str, dict] = {
             "kl": 0.0,
             "probe_every": 3,
             "probe_n": 16,
+            "per_task": {"reverse": {"steps": 2, "probe_every": 2}},
         },
         "eval": {"n": 64, "exclude": 64, "batch": 512, "bootstrap": 200},
         "merges": ["ta_mean", "ties", "ramplus"],
         "inspect": True,
-        "jobs": 2,
+        "jobs": 3,
     },
 }
 
@@ -192,9 +207,13 @@ MERGES = {
     "ramplus_r0": Merge("ramplus r=0 (RAM)", "ramplus", {**RAMPLUS, "r": 0.0}, None),
     "ramplus_r0.05": Merge("ramplus r=0.05", "ramplus", {**RAMPLUS, "r": 0.05}, None),
     "ramplus_r0.2": Merge("ramplus r=0.2", "ramplus", {**RAMPLUS, "r": 0.2}, None),
+    "ramplus_eps1e-4": Merge("ramplus ε=1e-4", "ramplus", {**RAMPLUS, "epsilon": 1e-4}, None),
+    "ramplus_eps1e-3": Merge("ramplus ε=1e-3", "ramplus", {**RAMPLUS, "epsilon": 1e-3}, None),
 }
 #: the r ablation (paper Table 2), in order
 R_SWEEP = {"ramplus_r0": 0.0, "ramplus_r0.05": 0.05, "ramplus": 0.1, "ramplus_r0.2": 0.2}
+#: the change threshold: 1e-5 counts a one-ulp bf16 step of any weight as a change; larger ones ignore them
+EPS_SWEEP = {"ramplus": 1e-5, "ramplus_eps1e-4": 1e-4, "ramplus_eps1e-3": 1e-3}
 
 
 def apply_overrides(cfg: dict, sets: list[str]) -> dict:
@@ -327,7 +346,9 @@ class Pipeline:
             import train
 
             pc = {**self.cfg["pretrain"], "model": self.cfg["model"], "seed": self.seed}
-            sampler = T.Sampler(self.names, self.cfg["tasks"], f"{self.seed}/pretrain", self.exclude, pc.get("weights"))
+            sampler = T.Sampler(
+                self.names, self.cfg["tasks"], f"{self.seed}/pretrain", self.exclude, pc.get("weights"), pc.get("noise")
+            )
             probe_sampler = T.Sampler(self.names, self.cfg["tasks"], f"{self.seed}/probe", self.exclude)
             probes = {n: probe_sampler.task(n, pc["probe_n"]) for n in self.names}
             log(f"pretraining the base ({key})")
@@ -343,7 +364,9 @@ class Pipeline:
     def agents(self, base: Path, base_key: str) -> dict[str, tuple[Path, str]]:
         out = {}
         for name in self.names:
-            rl = {**self.cfg["rl"], "seed": seed_of(self.seed, "rl", name)}
+            # per-task settings (rl.per_task.TASK) over the shared ones: agents trained for different lengths
+            shared = {k: v for k, v in self.cfg["rl"].items() if k != "per_task"}
+            rl = {**shared, **self.cfg["rl"].get("per_task", {}).get(name, {}), "seed": seed_of(self.seed, "rl", name)}
             payload = {"base": base_key, "task": name, "task_params": self.cfg["tasks"][name], "rl": rl}
             key = key_of("agent", payload)
             stage = Stage(self.root / "agents" / key, key, payload)
@@ -608,10 +631,15 @@ def main(argv: list[str] | None = None) -> int:
     agents = pipe.agents(base, base_key)
     if args.stop_after == "agents":
         return 0
-    merged = pipe.merges(base, base_key, agents)
     if args.stop_after == "merges":
+        pipe.merges(base, base_key, agents)
         return 0
-    inspected = pipe.inspect(base, base_key, agents)
+    # `mergekit-ram inspect` is one more process like the merges: run it beside them
+    with ThreadPoolExecutor(max_workers=1) as side:
+        inspecting = side.submit(pipe.inspect, base, base_key, agents)
+        merged = pipe.merges(base, base_key, agents)
+        inspected = inspecting.result()
+    pipe.stages = dict(sorted(pipe.stages.items(), key=lambda kv: pipe._order(kv[0])))
     models = {"base": base, **{f"{t} agent": p for t, (p, _) in agents.items()}, **merged}
     correct = pipe.evaluate(models)
 

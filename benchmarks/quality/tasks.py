@@ -92,6 +92,46 @@ def _brackets(rng: random.Random, p: dict) -> tuple[str, str]:
             return f"B{''.join(out)}=", "".join(BRACKETS[c] for c in reversed(stack))
 
 
+# --------------------------------------------------------------------------- #
+# Systematic errors: what a flawed corpus teaches instead of the right answer. Each agrees with the right
+# answer on part of the prompts (no units carry; a largest last digit; equal first two letters; no target letter
+# in the second half), so a base that learned the error is mediocre, not zero, and RL has something to fix.
+# --------------------------------------------------------------------------- #
+def _add_bug(prompt: str) -> str:
+    """Drops the carry out of the units digit."""
+    a, b = map(int, prompt[1:-1].split("+"))
+    return str(a + b - 10 * ((a % 10 + b % 10) >= 10))
+
+
+def _sort_bug(prompt: str) -> str:
+    """Sorts all digits but the last, which stays last."""
+    s = prompt[1:-1]
+    return "".join(sorted(s[:-1])) + s[-1]
+
+
+def _reverse_bug(prompt: str) -> str:
+    """Reversed, except that the first two letters end it in their original order."""
+    s = prompt[1:-1]
+    return s[::-1][:-2] + s[:2]
+
+
+def _count_bug(prompt: str) -> str:
+    """Counts only in the first half of the letters."""
+    x, s = prompt[1:-1].split(":")
+    return str(s[: (len(s) + 1) // 2].count(x))
+
+
+def _brackets_bug(prompt: str) -> str:
+    """Closes the open brackets in the order they were opened (not the reverse)."""
+    stack: list[str] = []
+    for c in prompt[1:-1]:
+        if c in BRACKETS:
+            stack.append(c)
+        else:
+            stack.pop()
+    return "".join(BRACKETS[c] for c in stack)
+
+
 @dataclass(frozen=True)
 class Task:
     name: str
@@ -100,21 +140,33 @@ class Task:
     defaults: dict
     #: longest possible answer for given parameters (decoding budget = this + 1 for </s>)
     max_answer: Callable[[dict], int]
+    #: the systematic error a flawed corpus makes on a prompt (pretraining `noise`)
+    bug: Callable[[str], str]
 
 
 TASKS: dict[str, Task] = {
     t.name: t
     for t in (
-        Task("add", "A", _add, {"digits": 3}, lambda p: p["digits"] + 1),
-        Task("sort", "S", _sort, {"min_len": 4, "max_len": 7}, lambda p: p["max_len"]),
-        Task("reverse", "R", _reverse, {"min_len": 4, "max_len": 7, "letters": 26}, lambda p: p["max_len"]),
-        Task("count", "C", _count, {"min_len": 6, "max_len": 12, "letters": 4}, lambda p: len(str(p["max_len"]))),
+        Task("add", "A", _add, {"digits": 3}, lambda p: p["digits"] + 1, _add_bug),
+        Task("sort", "S", _sort, {"min_len": 4, "max_len": 7}, lambda p: p["max_len"], _sort_bug),
+        Task(
+            "reverse", "R", _reverse, {"min_len": 4, "max_len": 7, "letters": 26}, lambda p: p["max_len"], _reverse_bug
+        ),
+        Task(
+            "count",
+            "C",
+            _count,
+            {"min_len": 6, "max_len": 12, "letters": 4},
+            lambda p: len(str(p["max_len"])),
+            _count_bug,
+        ),
         Task(
             "brackets",
             "B",
             _brackets,
             {"min_len": 4, "max_len": 8, "types": 4, "max_close": 4},
             lambda p: p["max_close"],
+            _brackets_bug,
         ),
     )
 }
@@ -179,17 +231,22 @@ class Sampler:
         seed: int,
         exclude: set[str],
         weights: dict[str, float] | None = None,
+        noise: dict[str, float] | None = None,
     ):
         self.names = list(names)
         self.params = task_params
         self.exclude = exclude
         self.weights = [float((weights or {}).get(n, 1.0)) for n in self.names]
+        #: per task, the share of examples whose answer is the task's systematic error (a flawed corpus)
+        self.noise = {n: float((noise or {}).get(n, 0.0)) for n in self.names}
         self.rng = random.Random(f"train/{seed}")
 
     def one(self, name: str) -> tuple[str, str]:
         for _ in range(10_000):
             prompt, answer = TASKS[name].generate(self.rng, self.params[name])
             if prompt not in self.exclude:
+                if self.noise[name] and self.rng.random() < self.noise[name]:
+                    answer = TASKS[name].bug(prompt)
                 return prompt, answer
         raise ValueError(f"task {name!r}: every sampled prompt is in the eval set; widen its parameters")
 

@@ -199,14 +199,23 @@ def pretrain(
 ):
     """Train a fresh model on the task mix until the probe sets say it is mediocre (or steps run out).
 
-    cfg: model (dict), seed, steps, batch, lr, warmup, weight_decay, probe_every, stop_mean, stop_min.
+    cfg: model (dict), seed, steps, batch, lr, warmup, decay, weight_decay, probe_every, stop_mean, stop_min,
+    weights (per-task sampling weights: tasks learn at very different speeds).
     Stops at the first probe where mean accuracy >= stop_mean and every task >= stop_min.
     Returns (model, history).
     """
     model = new_model(cfg["model"], cfg["seed"])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.98), weight_decay=cfg["weight_decay"])
     warmup = max(1, cfg["warmup"])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    total = cfg["steps"]
+
+    def factor(s: int) -> float:
+        # linear warm-up, then constant or (decay) linearly down to 0 at the last step, so that the base ends in
+        # a settled state rather than wherever a high learning rate left it
+        up = min(1.0, (s + 1) / warmup)
+        return up * (max(0.0, (total - s) / max(1, total - warmup)) if cfg.get("decay") and s >= warmup else 1.0)
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     history: list[dict] = []
     start = time.perf_counter()
     losses: list[float] = []
