@@ -383,7 +383,7 @@ def chart(res: dict, path: Path) -> Path | None:
         ax.invert_yaxis()
         ax.axvline(100, color="black", lw=0.8, ls="--")
         ax.axvline(0, color="black", lw=0.8)
-        ax.set_xlabel("retained share of the specialists' gain, mean over tasks (%), 95 % CI")
+        ax.set_xlabel("retained share of the specialists' gains (%)\nmean over tasks, 95 % CI")
     else:
         ax.text(0.5, 0.5, "no specialist gain is significant:\nretained share undefined", ha="center", va="center")
         ax.set_axis_off()
