@@ -50,15 +50,8 @@ def main() -> None:
             total += v.numel()
         return changed / total
 
-    accuracy = train.accuracy
-
-    def probed(model, items, max_new, batch_size=512):  # grpo probes through train.accuracy
-        print(f"  bf16 density {density(model):.3f}", flush=True)
-        return accuracy(model, items, max_new, batch_size)
-
-    train.accuracy = probed
     max_new = T.max_new_tokens(args.task, params[args.task])
-    base_acc = sum(accuracy(train.load_model(args.base), probe, max_new)) / len(probe)
+    base_acc = sum(train.accuracy(train.load_model(args.base), probe, max_new)) / len(probe)
     print(f"base greedy probe {base_acc:.3f}")
     cfg = {
         "seed": args.seed,
@@ -71,7 +64,16 @@ def main() -> None:
         "kl": 0.0,
         "probe_every": args.every,
     }
-    train.grpo(args.base, args.task, cfg, sampler, max_new, probe, print)
+    train.grpo(
+        args.base,
+        args.task,
+        cfg,
+        sampler,
+        max_new,
+        probe,
+        print,
+        on_probe=lambda model, step: print(f"  bf16 density {density(model):.3f}", flush=True),
+    )
 
 
 if __name__ == "__main__":

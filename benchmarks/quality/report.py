@@ -78,28 +78,8 @@ def build(cfg: dict, pipe, correct: dict, inspected: Path | None, folders: dict[
             verdict = "ramplus better" if lo > 0 else "ramplus worse" if hi < 0 else "no significant difference"
             comparisons[m] = {"mean_diff": _num(point), "ci": [_num(lo), _num(hi)], "verdict": verdict}
 
-    r_sweep = [
-        {
-            "merge": m,
-            "r": r,
-            "mean": models[m]["mean"],
-            "mean_ci": models[m]["mean_ci"],
-            "retained_mean": models[m].get("retained_mean"),
-        }
-        for m, r in R.R_SWEEP.items()
-        if m in models
-    ]
-    eps_sweep = [
-        {
-            "merge": m,
-            "epsilon": e,
-            "mean": models[m]["mean"],
-            "mean_ci": models[m]["mean_ci"],
-            "retained_mean": models[m].get("retained_mean"),
-        }
-        for m, e in R.EPS_SWEEP.items()
-        if m in models
-    ]
+    r_sweep = _sweep(models, R.R_SWEEP, "r")
+    eps_sweep = _sweep(models, R.EPS_SWEEP, "epsilon")
 
     density = {}
     if inspected is not None:
@@ -146,6 +126,21 @@ def build(cfg: dict, pipe, correct: dict, inspected: Path | None, folders: dict[
     }
 
 
+def _sweep(models: dict, merges: dict[str, float], name: str) -> list[dict]:
+    """One row per merge of a parameter sweep that ran: the parameter's value, mean accuracy, retained share."""
+    return [
+        {
+            "merge": m,
+            name: value,
+            "mean": models[m]["mean"],
+            "mean_ci": models[m]["mean_ci"],
+            "retained_mean": models[m].get("retained_mean"),
+        }
+        for m, value in merges.items()
+        if m in models
+    ]
+
+
 def pipe_agents(pipe) -> dict[str, Path]:
     return {t: pipe.root / "agents" / pipe.stages[f"agent {t}"]["key"] / t for t in pipe.names}
 
@@ -160,6 +155,18 @@ def _pct(x: float | None, digits: int = 1) -> str:
 def _ci(ci, digits: int = 1) -> str:
     lo, hi = ci
     return "" if lo is None or hi is None else f" [{_pct(lo, digits)}, {_pct(hi, digits)}]"
+
+
+def _sweep_table(title: str, column: str, key: str, rows: list[dict], fmt) -> list[str]:
+    out = ["", title, "", f"| {column} | mean accuracy [95% CI] | retained share, mean [95% CI] |", "|---|---|---|"]
+    for row in rows:
+        rm = row["retained_mean"]
+        out.append(
+            f"| {fmt(row[key])} | {_pct(row['mean'])}{_ci(row['mean_ci'])} | "
+            + ("—" if rm is None else f"{_pct(rm['share'], 0)} %{_ci(rm['ci'], 0)}")
+            + " |"
+        )
+    return out
 
 
 def accuracy_table(res: dict) -> list[str]:
@@ -260,36 +267,11 @@ def markdown(res: dict, short: bool = False) -> str:
             )
 
     if res["r_sweep"]:
-        out += [
-            "",
-            "## r sweep (ramplus, α = 2)",
-            "",
-            "| r | mean accuracy [95% CI] | retained share, mean [95% CI] |",
-            "|---|---|---|",
-        ]
-        for s in res["r_sweep"]:
-            rm = s["retained_mean"]
-            out.append(
-                f"| {s['r']} | {_pct(s['mean'])}{_ci(s['mean_ci'])} | "
-                + ("—" if rm is None else f"{_pct(rm['share'], 0)} %{_ci(rm['ci'], 0)}")
-                + " |"
-            )
-
+        out += _sweep_table("## r sweep (ramplus, α = 2)", "r", "r", res["r_sweep"], str)
     if len(res.get("epsilon_sweep", [])) > 1:
-        out += [
-            "",
-            "## ε sweep (ramplus, r = 0.1, α = 2)",
-            "",
-            "| ε | mean accuracy [95% CI] | retained share, mean [95% CI] |",
-            "|---|---|---|",
-        ]
-        for s in res["epsilon_sweep"]:
-            rm = s["retained_mean"]
-            out.append(
-                f"| {s['epsilon']:g} | {_pct(s['mean'])}{_ci(s['mean_ci'])} | "
-                + ("—" if rm is None else f"{_pct(rm['share'], 0)} %{_ci(rm['ci'], 0)}")
-                + " |"
-            )
+        out += _sweep_table(
+            "## ε sweep (ramplus, r = 0.1, α = 2)", "ε", "epsilon", res["epsilon_sweep"], lambda e: f"{e:g}"
+        )
 
     if res["ramplus_vs"]:
         out += [
@@ -329,7 +311,7 @@ def markdown(res: dict, short: bool = False) -> str:
             + ".",
         ]
         rl = cfg["rl"]
-        steps = {t: rl.get("per_task", {}).get(t, {}).get("steps", rl["steps"]) for t in tasks}
+        steps = {t: R.rl_settings(cfg, t)["steps"] for t in tasks}
         out.append(
             f"Agents: GRPO, lr {rl['lr']}, {rl['prompts']} prompts x {rl['group']} samples per step, steps "
             + ", ".join(f"{t} {n}" for t, n in steps.items())

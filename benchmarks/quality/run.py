@@ -235,6 +235,12 @@ def apply_overrides(cfg: dict, sets: list[str]) -> dict:
     return cfg
 
 
+def rl_settings(cfg: dict, task: str) -> dict:
+    """One agent's RL settings: `rl.per_task.TASK` over the shared ones (agents trained for different lengths)."""
+    shared = {k: v for k, v in cfg["rl"].items() if k != "per_task"}
+    return {**shared, **cfg["rl"].get("per_task", {}).get(task, {})}
+
+
 def check_config(cfg: dict) -> None:
     for name, p in cfg["tasks"].items():
         if name not in T.TASKS:
@@ -364,9 +370,7 @@ class Pipeline:
     def agents(self, base: Path, base_key: str) -> dict[str, tuple[Path, str]]:
         out = {}
         for name in self.names:
-            # per-task settings (rl.per_task.TASK) over the shared ones: agents trained for different lengths
-            shared = {k: v for k, v in self.cfg["rl"].items() if k != "per_task"}
-            rl = {**shared, **self.cfg["rl"].get("per_task", {}).get(name, {}), "seed": seed_of(self.seed, "rl", name)}
+            rl = {**rl_settings(self.cfg, name), "seed": seed_of(self.seed, "rl", name)}
             payload = {"base": base_key, "task": name, "task_params": self.cfg["tasks"][name], "rl": rl}
             key = key_of("agent", payload)
             stage = Stage(self.root / "agents" / key, key, payload)
@@ -462,7 +466,6 @@ class Pipeline:
 
         with ThreadPoolExecutor(max_workers=max(1, self.cfg["jobs"])) as pool:
             list(pool.map(run_one, todo))
-        self.stages = dict(sorted(self.stages.items(), key=lambda kv: self._order(kv[0])))
         return out
 
     def _order(self, stage: str) -> tuple[int, int]:

@@ -272,11 +272,13 @@ def grpo(
     max_new: int,
     probe: list[tuple[str, str]],
     log: Callable[[str], None] = print,
+    on_probe: Callable[[object, int], None] | None = None,
 ):
     """One agent: GRPO on `task` from the stored base.
 
     cfg: seed, steps, prompts (per step), group, lr, temperature, partial (reward credit), kl (beta),
-    probe_every. Returns (model, history).
+    probe_every. `on_probe(model, step)` runs at every probe (density_curve.py measures there).
+    Returns (model, history).
     """
     torch.manual_seed(cfg["seed"])
     gen = torch.Generator().manual_seed(cfg["seed"])
@@ -324,6 +326,8 @@ def grpo(
             opt.step()
         if step % cfg["probe_every"] == 0 or step == cfg["steps"]:
             model.eval()
+            if on_probe is not None:
+                on_probe(model, step)
             acc = sum(accuracy(model, probe, max_new)) / len(probe) if probe else math.nan
             r, s = (sum(x) / len(window) for x in zip(*window, strict=True))
             history.append(
