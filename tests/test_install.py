@@ -194,6 +194,9 @@ def _logical_lines(text: str) -> list[str]:
         line = line.strip()
         if line.startswith("$ "):
             line = line[2:].strip()
+        subshell = re.fullmatch(r"\(\s+(.*?)\s+\)", line)  # `( cmd )` runs cmd unchanged
+        if subshell:
+            line = subshell.group(1)
         if line and not line.startswith("#"):
             lines.append(re.sub(r"\s+", " ", line))
     return lines
@@ -256,6 +259,16 @@ def test_readme_setup_commands_are_what_ci_runs():
                 f".ci/run commands: {ci}"
             )
             position = ci.index(command, position) + 1
+
+
+def test_ci_stops_when_a_chained_command_fails():
+    """`set -e` ignores a failure inside `a && b`: each chained line of .ci/run runs in a subshell."""
+    text = re.sub(r"\\\n\s*", " ", (REPO / ".ci" / "run").read_text())
+    chained = [line.strip() for line in text.splitlines()
+               if "&&" in line and not line.strip().startswith("#")]
+    assert chained, "expected the README's chained set-up line in .ci/run"
+    bare = [line for line in chained if not re.fullmatch(r"\(\s+.*\s+\)", line)]
+    assert not bare, f".ci/run goes on after a failure in these lines (wrap each in `( ... )`): {bare}"
 
 
 def test_contributing_checks_command_is_what_ci_runs():
