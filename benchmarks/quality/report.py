@@ -84,7 +84,7 @@ def build(cfg: dict, pipe, correct: dict, inspected: Path | None, folders: dict[
     density = {}
     if inspected is not None:
         stats = json.loads((inspected / "stats.json").read_text())
-        by_path = {str(pipe_path): t for t, pipe_path in pipe_agents(pipe).items()}
+        by_path = {str(folders[specialists[t]]): t for t in tasks}
         for a in stats["agents"]:
             t = by_path.get(a["model"].split("@")[0], a["model"])
             density[t] = {
@@ -141,10 +141,6 @@ def _sweep(models: dict, merges: dict[str, float], name: str) -> list[dict]:
     ]
 
 
-def pipe_agents(pipe) -> dict[str, Path]:
-    return {t: pipe.root / "agents" / pipe.stages[f"agent {t}"]["key"] / t for t in pipe.names}
-
-
 # --------------------------------------------------------------------------- #
 # Markdown
 # --------------------------------------------------------------------------- #
@@ -157,15 +153,15 @@ def _ci(ci, digits: int = 1) -> str:
     return "" if lo is None or hi is None else f" [{_pct(lo, digits)}, {_pct(hi, digits)}]"
 
 
+def _share(rm: dict | None, unit: str = " %") -> str:
+    """A retained share with its interval, e.g. `38 % [36, 40]`; — where undefined."""
+    return "—" if rm is None or rm["share"] is None else f"{_pct(rm['share'], 0)}{unit}{_ci(rm['ci'], 0)}"
+
+
 def _sweep_table(title: str, column: str, key: str, rows: list[dict], fmt) -> list[str]:
     out = ["", title, "", f"| {column} | mean accuracy [95% CI] | retained share, mean [95% CI] |", "|---|---|---|"]
     for row in rows:
-        rm = row["retained_mean"]
-        out.append(
-            f"| {fmt(row[key])} | {_pct(row['mean'])}{_ci(row['mean_ci'])} | "
-            + ("—" if rm is None else f"{_pct(rm['share'], 0)} %{_ci(rm['ci'], 0)}")
-            + " |"
-        )
+        out.append(f"| {fmt(row[key])} | {_pct(row['mean'])}{_ci(row['mean_ci'])} | {_share(row['retained_mean'])} |")
     return out
 
 
@@ -177,10 +173,10 @@ def accuracy_table(res: dict) -> list[str]:
     ]
     for m in res["models"].values():
         cells = [f"{_pct(m['accuracy'][t]['acc'])} ± {_pct(m['accuracy'][t]['se'])}" for t in tasks]
-        rm = m.get("retained_mean")
-        retained = "—" if rm is None else f"{_pct(rm['share'], 0)} %{_ci(rm['ci'], 0)}"
         lines.append(
-            f"| {m['label']} | " + " | ".join(cells) + f" | {_pct(m['mean'])}{_ci(m['mean_ci'])} | {retained} |"
+            f"| {m['label']} | "
+            + " | ".join(cells)
+            + f" | {_pct(m['mean'])}{_ci(m['mean_ci'])} | {_share(m.get('retained_mean'))} |"
         )
     return lines
 
@@ -231,22 +227,8 @@ def markdown(res: dict, short: bool = False) -> str:
             "|---" * (len(tasks) + 2) + "|",
         ]
         for m in merges.values():
-            cells = [
-                (
-                    "—"
-                    if m["retained"][t]["share"] is None
-                    else f"{_pct(m['retained'][t]['share'], 0)}{_ci(m['retained'][t]['ci'], 0)}"
-                )
-                for t in tasks
-            ]
-            rm = m.get("retained_mean")
-            out.append(
-                f"| {m['label']} | "
-                + " | ".join(cells)
-                + " | "
-                + ("—" if rm is None else f"{_pct(rm['share'], 0)}{_ci(rm['ci'], 0)}")
-                + " |"
-            )
+            cells = [_share(m["retained"][t], unit="") for t in tasks]
+            out.append(f"| {m['label']} | " + " | ".join([*cells, _share(m.get("retained_mean"), unit="")]) + " |")
 
     if res["density"]:
         out += [

@@ -306,6 +306,15 @@ class Stage:
         return meta, False
 
 
+def run_tool(cmd: list[str], log_path: Path, env: dict) -> subprocess.CompletedProcess:
+    """Run a mergekit / mergekit-ram command, keep its output in `log_path`, raise with its stderr if it fails."""
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    log_path.write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done
+
+
 def files_digest(folder: Path) -> str:
     """sha256 over the model's weight files (names and bytes)."""
     h = hashlib.sha256()
@@ -445,10 +454,7 @@ class Pipeline:
                     "--quiet",
                 ]
                 env = {**self.env, "OMP_NUM_THREADS": "1"} if self.cfg["jobs"] > 1 else self.env
-                done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                (tmp / "mergekit.log").write_text(done.stdout + done.stderr)
-                if done.returncode != 0:
-                    raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+                run_tool(cmd, tmp / "mergekit.log", env)
                 if not (tmp / "model" / "tokenizer.json").exists():  # mergekit copies the base's; be sure
                     import train
 
@@ -496,10 +502,7 @@ class Pipeline:
                 str(tmp / "density.png"),
                 "--quiet",
             ]
-            done = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
-            (tmp / "inspect.log").write_text(done.stdout + done.stderr)
-            if done.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+            done = run_tool(cmd, tmp / "inspect.log", self.env)
             return {
                 "command": "mergekit-ram inspect ramplus.yaml --json stats.json --plot density.png --quiet",
                 "table": done.stdout,

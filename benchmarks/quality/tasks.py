@@ -228,7 +228,7 @@ class Sampler:
         self,
         names: Sequence[str],
         task_params: dict[str, dict],
-        seed: int,
+        seed: int | str,
         exclude: set[str],
         weights: dict[str, float] | None = None,
         noise: dict[str, float] | None = None,
