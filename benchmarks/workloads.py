@@ -1,4 +1,4 @@
-"""Named benchmark workloads, built with `mergekit_ram.synthetic.build_workload` and cached on disk.
+"""Named benchmark workloads, built with `mergekit_ram.example_models.build_workload` and cached on disk.
 
 Each workload lives in ROOT/<name> (ROOT: `--root`, `$MERGEKIT_RAM_BENCH_DIR`
 or /tmp/mergekit-ram-bench) and is rebuilt only when its marker file
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from mergekit_ram.synthetic import Workload, build_workload
+from mergekit_ram.example_models import Workload, build_workload
 
 DEFAULT_ROOT = "/tmp/mergekit-ram-bench"
 MARKER = "workload.json"

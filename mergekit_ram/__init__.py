@@ -24,9 +24,9 @@ def __getattr__(name):
 
 def _install():
     try:
-        from mergekit_ram import startup
+        from mergekit_ram._mergekit import finder
 
-        startup.install()
+        finder.install()
     except Exception as error:  # never break the interpreter or mergekit
         import logging
 

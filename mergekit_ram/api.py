@@ -12,7 +12,7 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import torch
 
-from mergekit_ram import kernel, statistics
+from mergekit_ram import kernel, params, statistics
 
 StateDict = Mapping[str, torch.Tensor]
 StateDictLike = StateDict | torch.nn.Module
@@ -23,7 +23,7 @@ def agent_statistics(
     base: StateDictLike, agents: Agents, *, epsilon: float = 1e-5
 ) -> dict[Hashable, statistics.AgentStats]:
     """Whole-model counts per agent (density, unique, shared, rho)."""
-    _check_non_negative(epsilon=epsilon)
+    epsilon = params.check("epsilon", epsilon)
     base_sd, named = _inputs(base, agents)
     totals = _count(base_sd, named, epsilon).totals()
     return {name: totals[str(name)] for name, _ in named}
@@ -63,9 +63,9 @@ def merge_state_dicts(
     `rho_scope`) unless given for every agent, e.g. from `agent_statistics`,
     to sweep r without recounting. Returns new tensors; inputs are untouched.
     """
-    _check_non_negative(epsilon=epsilon, r=r, alpha=alpha)
-    statistics.scope_group("", rho_scope)  # validates the name
-    statistics.lambda_for(0.0, r, alpha, lambda_rule)
+    epsilon, r, alpha = (params.check(n, v) for n, v in (("epsilon", epsilon), ("r", r), ("alpha", alpha)))
+    params.check("rho_scope", rho_scope)
+    params.check("lambda_rule", lambda_rule)
     base_sd, named = _inputs(base, agents)
     names = [n for n, _ in named]
     given = _rho_values(rho, names)
@@ -165,15 +165,7 @@ def _rho_values(rho, names) -> list[float | None]:
         values = list(rho)
         if len(values) != len(names):
             raise ValueError(f"rho has {len(values)} values for {len(names)} agents")
-    for name, value in zip(names, values, strict=True):
-        if value is not None and not value >= 0:
-            raise ValueError(f"rho for agent {name!r} must be >= 0, got {value}")
-    return values
-
-
-def _check_non_negative(**values: float) -> None:
-    for name, value in values.items():
-        if not value >= 0 or value == float("inf"):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-        if name != "epsilon" and value > statistics.PARAMETER_MAX:
-            raise ValueError(f"{name} must be <= {statistics.PARAMETER_MAX:g}, got {value}")
+    return [
+        None if v is None else params.check("rho", v, label=f"rho for agent {n!r}")
+        for n, v in zip(names, values, strict=True)
+    ]

@@ -20,10 +20,11 @@ import json
 import logging
 import os
 import stat
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from mergekit_ram import files
 
 LOG = logging.getLogger("mergekit_ram")
 
@@ -43,7 +44,7 @@ def directory() -> Path | None:
 def folder_identity(path: str) -> dict:
     """What identifies a model folder's content without reading its tensors."""
     path = os.path.realpath(path)
-    files = {}
+    entries = {}
     for name in sorted(os.listdir(path)):
         full = os.path.join(path, name)
         if not os.path.isfile(full):
@@ -58,8 +59,8 @@ def folder_identity(path: str) -> dict:
         if name.endswith(".safetensors"):
             entry["header_sha256"] = _safetensors_header_hash(full)
             entry["sample_sha256"] = _sample_hash(full, st.st_size)
-        files[name] = entry
-    identity = {"path": path, "files": files}
+        entries[name] = entry
+    identity = {"path": path, "files": entries}
     parent = os.path.basename(os.path.dirname(path))
     if parent == "snapshots":  # a Hugging Face hub snapshot: the folder name is the revision
         identity["revision"] = os.path.basename(path)
@@ -113,16 +114,7 @@ def store(digest: str, agents: list, tensors: list) -> Path | None:
     }
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{digest}.", suffix=".tmp", dir=folder)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(entry, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, folder / f"{digest}.json")
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        files.write_atomic(str(folder / f"{digest}.json"), json.dumps(entry))
         return folder / f"{digest}.json"
     except OSError as error:
         LOG.warning("mergekit-ram: could not write the statistics cache in %s: %s", folder, error)
@@ -130,11 +122,7 @@ def store(digest: str, agents: list, tensors: list) -> Path | None:
 
 
 def _safetensors_header_hash(path: str) -> str:
-    with open(path, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        if size > 100_000_000:
-            raise ValueError(f"{path}: implausible safetensors header size {size}")
-        return hashlib.sha256(f.read(size)).hexdigest()
+    return hashlib.sha256(files.read_header(path)[0]).hexdigest()
 
 
 def _sample_hash(path: str, size: int, windows: int = 16, width: int = 1 << 16) -> str:

@@ -1,18 +1,23 @@
-"""The ``mergekit-ram`` command line.
+"""The ``mergekit-ram`` command line: ``example`` and ``inspect``.
 
-Each subcommand lives in a ``_add_<name>(subparsers)`` function that
-registers its parser and sets ``func``; heavy imports (torch, transformers)
-happen inside the handlers so ``mergekit-ram --help`` stays fast.
+On click, like mergekit's own commands; ``inspect`` takes mergekit's merge
+options through mergekit's own ``add_merge_options``, so an option mergekit adds
+exists here too. Commands are built when they run, so ``mergekit-ram --help``
+imports neither torch nor mergekit.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+import click
 
 PROG = "mergekit-ram"
+#: An agent denser than this is reported as SFT-like (`inspect`).
+DENSE = 0.9
 
 
 class _UsageError(Exception):
@@ -31,122 +36,113 @@ def _version() -> str:
 # --------------------------------------------------------------------------- #
 # example
 # --------------------------------------------------------------------------- #
-def _add_example(subparsers) -> None:
-    p = subparsers.add_parser(
+def _example_command() -> click.Command:
+    @click.command(
         "example",
-        help="write a tiny RL-like base model, three agents and ready RAM/RAM+ configs",
-        description=(
-            "Write a tiny bf16 Qwen2 base model, three sparse RL-like agents "
-            "(code 3%, tool 46%, memory 54% of weights changed) and the configs "
-            "ramplus.yaml and ram.yaml (absolute paths) into OUT_DIR."
+        help=(
+            "Write a tiny bf16 Qwen2 base model, three sparse RL-like agents (code 3%, tool 46%, memory 54% "
+            "of weights changed) and the configs ramplus.yaml and ram.yaml (absolute paths) into OUT_DIR."
         ),
     )
-    p.add_argument("out_dir", metavar="OUT_DIR", type=Path, help="folder to write (must be empty or absent)")
-    p.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
-    p.set_defaults(func=_cmd_example)
+    @click.argument("out_dir", metavar="OUT_DIR", type=click.Path(path_type=Path))
+    @click.option("--force", is_flag=True, help="write into OUT_DIR even if it is not empty")
+    def example(out_dir: Path, force: bool) -> None:
+        out_dir = out_dir.expanduser().resolve()
+        if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+            raise _UsageError(f"{out_dir} is not empty; pick an empty folder or pass --force")
 
+        from mergekit_ram.example_models import EXAMPLE_DENSITIES, write_example
 
-def _cmd_example(args: argparse.Namespace) -> int:
-    out_dir = args.out_dir.expanduser().resolve()
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not args.force:
-        raise _UsageError(f"{out_dir} is not empty; pick an empty folder or pass --force")
+        ramplus = write_example(out_dir, overwrite=force)
+        out = ramplus.parent
+        print(f"Wrote an RL-like example workload to {out}:")
+        print(f"  base model      {out / 'base'}")
+        for name, density in EXAMPLE_DENSITIES.items():
+            print(f"  agent {name:<9} {out / 'agents' / name}  ({density:.0%} of weights changed)")
+        print(f"  RAM+ config     {ramplus}")
+        print(f"  RAM config      {out / 'ram.yaml'}")
+        print()
+        print("Next, merge with:")
+        print(f"  mergekit-yaml {ramplus} {out / 'merged'}")
 
-    from mergekit_ram.synthetic import EXAMPLE_DENSITIES, write_example
-
-    ramplus = write_example(out_dir, overwrite=args.force)
-    out = ramplus.parent
-    print(f"Wrote an RL-like example workload to {out}:")
-    print(f"  base model      {out / 'base'}")
-    for name, density in EXAMPLE_DENSITIES.items():
-        print(f"  agent {name:<9} {out / 'agents' / name}  ({density:.0%} of weights changed)")
-    print(f"  RAM+ config     {ramplus}")
-    print(f"  RAM config      {out / 'ram.yaml'}")
-    print()
-    print("Next, merge with:")
-    print(f"  mergekit-yaml {ramplus} {out / 'merged'}")
-    return 0
+    return example
 
 
 # --------------------------------------------------------------------------- #
 # inspect
 # --------------------------------------------------------------------------- #
-DENSE = 0.9
+def _inspect_command() -> click.Command:
+    from mergekit.options import add_merge_options
 
-
-def _add_inspect(subparsers) -> None:
-    p = subparsers.add_parser(
+    @click.command(
         "inspect",
-        help="count (or reuse cached) RAM+ statistics of a config without merging",
-        description=(
-            "Run only the RAM+ statistics pass of CONFIG (any merge config with a base_model; "
-            "planned as ramplus) and print, per agent, its density, the share of its changed "
-            "weights that are unique / shared with 1 / with >=2 other agents, rho and lambda. "
-            "Counts are cached like a merge's, so inspecting then merging reads the weights once."
+        help=(
+            "Run only the RAM+ statistics pass of CONFIG (any merge config with a base_model; planned as ramplus) "
+            "and print, per agent, its density, the share of its changed weights that are unique / shared with 1 / "
+            "with >=2 other agents, rho and lambda. Counts are cached like a merge's, so inspecting then merging "
+            "reads the weights once. Takes mergekit-yaml's options."
         ),
     )
-    p.add_argument("config", metavar="CONFIG.yaml", type=Path)
-    p.add_argument("--json", metavar="FILE", type=Path, help="also write the statistics (ram_stats.json schema)")
-    p.add_argument("--plot", metavar="FILE.png", type=Path, help="also draw per-layer heat maps (needs matplotlib)")
-    p.add_argument("--r", type=float, help="lambda for this r instead of the config's")
-    p.add_argument("--alpha", type=float, help="lambda for this alpha instead of the config's")
-    p.add_argument("--lambda-rule", choices=["clip", "soft"], help="lambda rule instead of the config's")
-    p.add_argument("--cuda", action="store_true", help="count on the GPU (as mergekit-yaml --cuda)")
-    p.add_argument("--device", help="device to count on (as mergekit-yaml --device)")
-    p.add_argument("--low-cpu-memory", action="store_true")
-    p.add_argument("--read-to-gpu", action="store_true")
-    p.add_argument("--multi-gpu", action="store_true")
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--unsafe-truncate-embeddings", action="store_true")
-    p.add_argument("--allow-crimes", action="store_true")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_inspect)
+    @click.argument("config", metavar="CONFIG.yaml", type=click.Path(path_type=Path))
+    @click.option("--json", "json_path", metavar="FILE", type=click.Path(path_type=Path),
+                  help="also write the statistics (ram_stats.json schema)")  # fmt: skip
+    @click.option("--plot", metavar="FILE.png", type=click.Path(path_type=Path),
+                  help="also draw per-layer heat maps (needs matplotlib)")  # fmt: skip
+    @click.option("--r", "r", type=float, help="lambda for this r instead of the config's")
+    @click.option("--alpha", type=float, help="lambda for this alpha instead of the config's")
+    @click.option("--lambda-rule", type=click.Choice(["clip", "soft"]), help="lambda rule instead of the config's")
+    @click.option("-q", "short_quiet", is_flag=True, help="no progress bar (as --quiet)")
+    @add_merge_options
+    def inspect(merge_options: Any, short_quiet: bool, **kwargs: Any) -> None:
+        if short_quiet:
+            merge_options = merge_options.model_copy(update={"quiet": True})
+        _inspect(merge_options, **kwargs)
+
+    return inspect
 
 
-def _cmd_inspect(args: argparse.Namespace) -> int:
+def _inspect(
+    options: Any,
+    config: Path,
+    json_path: Path | None,
+    plot: Path | None,
+    r: float | None,
+    alpha: float | None,
+    lambda_rule: str | None,
+) -> None:
     import logging
 
     import yaml
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    levels = {0: logging.WARNING, 1: logging.INFO}
+    logging.basicConfig(level=levels.get(options.verbosity, logging.DEBUG), format="%(levelname)s: %(message)s")
     from mergekit.config import MergeConfiguration
-    from mergekit.options import MergeOptions
 
-    import mergekit_ram  # noqa: F401  (registers ramplus, installs the pre-pass)
-    from mergekit_ram import hook, prepass, report, statistics
+    from mergekit_ram import params, report, statistics, tables
+    from mergekit_ram._mergekit import hooks, planning
 
-    if not args.config.is_file():
-        raise _UsageError(f"no such config file: {args.config}")
-    for name in ("r", "alpha"):  # before minutes of reading weights
-        value = getattr(args, name)
-        if value is not None and (not value >= 0 or value == float("inf") or value > statistics.PARAMETER_MAX):
-            raise _UsageError(f"--{name} must be a finite number >= 0 and <= {statistics.PARAMETER_MAX:g}, got {value}")
-    config = MergeConfiguration.model_validate(yaml.safe_load(args.config.read_text(encoding="utf-8")))
-    flags = (
-        "cuda",
-        "device",
-        "low_cpu_memory",
-        "read_to_gpu",
-        "multi_gpu",
-        "trust_remote_code",
-        "unsafe_truncate_embeddings",
-        "allow_crimes",
-        "quiet",
-    )
-    options = MergeOptions(**{f: getattr(args, f) for f in flags if getattr(args, f) not in (None, False)})
-    hook.install()  # idempotent: the start-up hook normally did it already
-    found, stats = prepass.inspect_config(config, options)
+    if not config.is_file():
+        raise _UsageError(f"no such config file: {config}")
+    for name, value in (("r", r), ("alpha", alpha)):  # before minutes of reading weights
+        if value is not None:
+            params.check(name, value, label=f"--{name}")
+    options.apply_global_options()
+    merge_config = MergeConfiguration.model_validate(yaml.safe_load(config.read_text(encoding="utf-8")))
+    hooks.install()  # idempotent: the start-up hook normally did it already
+    done = planning.inspect(merge_config, options)
+    found, stats = done.report, done.stats
+    assert found is not None and stats is not None
 
-    params = found["parameters"]
-    for name in ("r", "alpha", "lambda_rule"):
-        if getattr(args, name) is not None:
-            params[name] = getattr(args, name)
+    chosen = found["parameters"]
+    overrides: dict[str, Any] = {"r": r, "alpha": alpha, "lambda_rule": lambda_rule}
+    chosen.update({name: value for name, value in overrides.items() if value is not None})
     totals = stats.totals()
     for row in found["agents"]:
         rho = totals[row["model"]].rho
-        row["lambda"] = statistics.lambda_for(rho, params["r"], params["alpha"], params["lambda_rule"])
-    labels = _short_labels(stats.agents)
-    print(f"RAM+ statistics of {args.config} ({found['statistics']}; rho per {params['rho_scope']}):")
-    print(statistics.format_table(totals.values(), params["r"], params["alpha"], params["lambda_rule"], labels))
+        row["lambda"] = statistics.lambda_for(rho, chosen["r"], chosen["alpha"], chosen["lambda_rule"])
+    labels = tables.short_labels(stats.agents)
+    print(f"RAM+ statistics of {config} ({found['statistics']}; rho per {chosen['rho_scope']}):")
+    print(tables.format_table(totals.values(), chosen["r"], chosen["alpha"], chosen["lambda_rule"], labels))
     base = found["base_model"]["model"]
     print(f"base: {base}; {sum(t.numel for t in stats.tensors):,} parameters in {len(stats.tensors)} tensors")
     for agent, s in totals.items():
@@ -156,60 +152,74 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
                 "or an fp32 export, not a sparse RL update; RAM then degenerates towards plain averaging",
                 file=sys.stderr,
             )
-    if args.json:
-        args.json.write_text(report.dumps(found), encoding="utf-8")
-        print(f"wrote {args.json}")
-    if args.plot:
+    if json_path:
+        json_path.write_text(report.dumps(found), encoding="utf-8")
+        print(f"wrote {json_path}")
+    if plot:
         from mergekit_ram.plot import heatmap
 
         try:
-            heatmap(stats, args.plot, labels)
+            heatmap(stats, plot, labels)
         except RuntimeError as error:
             raise _UsageError(str(error)) from error
-        print(f"wrote {args.plot}")
-    return 0
-
-
-def _short_labels(agents) -> dict:
-    """Folder names when they are distinct, full references otherwise."""
-    short = {a: Path(a.split("@")[0].rstrip("/")).name or a for a in agents}
-    return short if len(set(short.values())) == len(short) else {a: a for a in agents}
+        print(f"wrote {plot}")
 
 
 # --------------------------------------------------------------------------- #
 # Entry point
 # --------------------------------------------------------------------------- #
-#: Functions that register one subcommand each; extend this list to add more.
-SUBCOMMANDS: list[Callable] = [_add_example, _add_inspect]
+#: name -> (one-line help, a function that builds the command): built only when run.
+COMMANDS: dict[str, tuple[str, Callable[[], click.Command]]] = {
+    "example": ("write a tiny RL-like base model, three agents and ready RAM/RAM+ configs", _example_command),
+    "inspect": ("count (or reuse cached) RAM+ statistics of a config without merging", _inspect_command),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Helpers for RAM / RAM+ merging with mergekit (merge_method: ramplus).",
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in SUBCOMMANDS:
-        add(subparsers)
-    return parser
+class _Commands(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        return entry[1]() if entry else None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, text) for name, (text, _) in COMMANDS.items()])
+
+
+@click.group(
+    PROG,
+    cls=_Commands,
+    help="Helpers for RAM / RAM+ merging with mergekit (merge_method: ramplus).",
+    invoke_without_command=False,
+)
+@click.version_option(_version(), prog_name=PROG, message="%(prog)s %(version)s")
+def _group() -> None:
+    pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``mergekit-ram``; returns the exit code (0 ok, 2 usage or input error)."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # --help, --version, argparse errors
-        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
-    if getattr(args, "func", None) is None:
-        parser.print_help(sys.stderr)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        click.echo(_group.get_help(click.Context(_group, info_name=PROG)), err=True)
         return 2
+    command = args[0]
     try:
-        return int(args.func(args) or 0)
+        _group.main(args, prog_name=PROG, standalone_mode=False)
+        return 0
+    except click.exceptions.Exit as done:  # --help, --version
+        return int(done.exit_code or 0)
+    except click.ClickException as error:  # usage errors
+        error.show()
+        return 2
+    except click.exceptions.Abort:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
     except (_UsageError, OSError, ValueError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
-        print(f"{PROG} {args.command}: error: {message}", file=sys.stderr)
+        print(f"{PROG} {command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

@@ -1,19 +1,17 @@
 """The `ramplus` merge method: one declarative mergekit definition.
 
-RAM+ with the paper's global rho_t. The statistics pass (`mergekit_ram.prepass`,
-run from the planner hook in `mergekit_ram.hook`) counts every tensor first and
+RAM+ with the paper's global rho_t. The statistics pass (`mergekit_ram._mergekit.planning`,
+run from the planner hook in `mergekit_ram._mergekit.hooks`) counts every tensor first and
 fills in `rho` for each agent (over the whole model, or per layer/tensor with
 `rho_scope`); a user may also give `rho` per model. With r = 0 (plain RAM) rho
 is never needed.
 
-This module imports nothing of the hook, the pass or the start-up code: they
-depend on it, not the other way round.
+This module imports nothing of the seam (`mergekit_ram._mergekit`): the seam
+depends on it, not the other way round.
 """
 
 from __future__ import annotations
 
-import math
-import sys
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -27,26 +25,19 @@ from mergekit.merge_methods import (
 )
 from pydantic import AfterValidator
 
-from mergekit_ram import kernel, statistics
+from mergekit_ram import kernel, params, statistics
 
 NAME = "ramplus"
 
 
-def _non_negative(name: str, *, finite: bool = True, bounded: bool = False):
-    def check(value: float) -> float:
-        if finite:
-            statistics.check_parameter(name, value, upper=bounded)
-        elif math.isnan(value) or value < 0:
-            raise ValueError(f"ramplus parameter '{name}' must be a number >= 0, got {value}")
-        return value
-
-    return AfterValidator(check)
+def _valid(name: str):
+    return AfterValidator(lambda value: params.check(name, value))
 
 
-Epsilon = Annotated[float, _non_negative("epsilon")]
-R = Annotated[float, _non_negative("r", bounded=True)]
-Alpha = Annotated[float, _non_negative("alpha", bounded=True)]
-Rho = Annotated[float, _non_negative("rho", finite=False)] | None
+Epsilon = Annotated[float, _valid("epsilon")]
+R = Annotated[float, _valid("r")]
+Alpha = Annotated[float, _valid("alpha")]
+Rho = Annotated[float, _valid("rho")] | None
 
 
 @merge_method(
@@ -106,13 +97,15 @@ def _origin(method: Any) -> str:
     return str(getattr(getattr(method, "implementation", method), "__module__", "?"))
 
 
+#: Why the statistics pre-pass is not installed (the seam's guard says so at install time), for the error below.
+prepass_unavailable: str | None = None
+
+
 def _missing_rho_message(tensor: str | None, missing: Sequence[str]) -> str:
-    hook = sys.modules.get("mergekit_ram.hook")  # not imported: no hook loaded means none failed
-    reason = hook.unavailable_reason() if hook is not None else None
     return (
         f"ramplus: no global rho for {', '.join(missing)} (tensor {tensor}). RAM+ needs "
         "rho over the whole model, which only the statistics pre-pass of `mergekit-yaml` "
         "(or mergekit_ram.merge_state_dicts) computes; this entry point merges one tensor "
         "at a time. Set `r: 0` for plain RAM, or give `rho` for every model."
-        + (f" The pre-pass is unavailable: {reason}" if reason else "")
+        + (f" The pre-pass is unavailable: {prepass_unavailable}" if prepass_unavailable else "")
     )

@@ -26,8 +26,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 
-from mergekit_ram import statistics
+from mergekit_ram import statistics, tables
+from mergekit_ram.session import Planned
 
 FORMAT = "mergekit-ram/ram_stats"
 FORMAT_VERSION = 1
@@ -35,22 +37,22 @@ _PARAMETERS = ("epsilon", "r", "alpha", "rho_scope", "lambda_rule")
 PROJECT_URL = "https://pypi.org/project/mergekit-ram/"
 
 
-def build(stats: statistics.Statistics | None, tasks, *, source: str, identities: dict[str, dict]) -> dict:
-    """The report of one planned ramplus merge (`tasks`: its ExecuteMergeMethodTasks)."""
-    first = tasks[0]
+def build(
+    stats: statistics.Statistics | None, planned: Sequence[Planned], *, source: str, identities: dict[str, dict]
+) -> dict:
+    """The report of one planned ramplus merge (`planned`: its tensors, in planning order)."""
+    first = planned[0]
     params = {k: first.parameters[k] for k in _PARAMETERS}
     varying = {
-        k: sorted({t.parameters[k] for t in tasks}, key=str)
+        k: sorted({t.parameters[k] for t in planned}, key=str)
         for k in _PARAMETERS
-        if any(t.parameters[k] != params[k] for t in tasks)
+        if any(t.parameters[k] != params[k] for t in planned)
     }
-    base = str(first.base_model)
-    agents = [m for m in first.model_order if m != first.base_model]
+    base = first.base
     totals = stats.totals() if stats is not None else {}
     rows = []
-    for model in agents:
-        label = str(model)
-        given = first.input_parameters[model].get("rho")
+    for label in first.agents:
+        given = first.given_rho.get(label)
         s = totals.get(label)
         row: dict = {"model": label, "identity": identities.get(label, {})}
         if s is not None:
@@ -123,25 +125,6 @@ def public_identity(identity: dict) -> dict:
     return out
 
 
-def agent_rows(report: dict) -> list[list[str]]:
-    """Per-agent table cells: model, density, unique, w/ 1, w/ >=2, rho, lambda."""
-    rows = []
-    for a in report["agents"]:
-        counted = "density" in a
-        rows.append(
-            [
-                a["model"],
-                _pct(a.get("density")) if counted else "—",
-                _pct(a.get("unique_share")) if counted else "—",
-                _pct(a.get("shared_with_1_share")) if counted else "—",
-                _pct(a.get("shared_with_2plus_share")) if counted else "—",
-                _fmt(a["rho"]) + (" (given)" if a.get("rho_source") == "given" else ""),
-                "—" if a["lambda"] is None else f"{a['lambda']:.4f}",
-            ]
-        )
-    return rows
-
-
 def card_section(report: dict) -> str:
     """Markdown for the model card: enough to reproduce and to understand the merge."""
     p = report["parameters"]
@@ -167,7 +150,7 @@ def card_section(report: dict) -> str:
     lines += [
         "| agent | density | unique | shared w/ 1 | shared w/ ≥2 | ρ | λ |",
         "|---|---|---|---|---|---|---|",
-        *("| " + " | ".join(row) + " |" for row in agent_rows(report)),
+        *("| " + " | ".join(row) + " |" for row in tables.agent_rows(report)),
         "",
         "*Density*: share of all the agent's parameters that it changed by more than ε. *Unique*, "
         "*shared w/ 1*, *shared w/ ≥2*: of the entries the agent changed, the share that no other agent, "
@@ -210,13 +193,3 @@ def _number(value):
     if value is None:
         return None
     return "inf" if math.isinf(value) else value
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return "—"
-    return "inf" if value == "inf" else f"{value:.4g}"
-
-
-def _pct(value) -> str:
-    return "—" if value is None else f"{100 * value:.2f}%"

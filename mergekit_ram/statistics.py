@@ -9,20 +9,13 @@ densities and overlap shares (the paper's Fig. 2), and lambda for any r, alpha.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mergekit_ram import kernel
+from mergekit_ram.params import LAMBDA_RULES, SCOPES
 
-SCOPES = ("model", "layer", "tensor")
-#: Largest accepted `r` and `alpha`. The paper's lambda is about 1.2; beyond this,
-#: lambda * tau is no longer a weight update, and lambda itself (or 0 * lambda for an
-#: agent without unique entries) can leave float32's range and turn merged values into
-#: Inf or NaN.
-PARAMETER_MAX = 1000.0
-LAMBDA_RULES = ("clip", "soft")
 _LAYER = re.compile(r"(^|\.)(layers|h|blocks|block|layer)\.(\d+)\.")
 
 
@@ -58,13 +51,6 @@ class AgentStats:
 
     def lambda_(self, r: float, alpha: float, rule: str = "clip") -> float:
         return lambda_for(self.rho, r, alpha, rule)
-
-
-def check_parameter(name: str, value: float, *, upper: bool = True) -> None:
-    """ValueError unless 0 <= value (<= PARAMETER_MAX for `r` and `alpha`), naming the parameter."""
-    if not value >= 0 or value == math.inf or (upper and value > PARAMETER_MAX):
-        bound = f" and <= {PARAMETER_MAX:g}" if upper else ""
-        raise ValueError(f"ramplus parameter '{name}' must be a finite number >= 0{bound}, got {value}")
 
 
 def lambda_for(rho: float, r: float, alpha: float, rule: str = "clip") -> float:
@@ -150,46 +136,3 @@ class Statistics:
                 for t in tensors
             ],
         )
-
-
-def format_table(
-    stats: Iterable[AgentStats], r: float, alpha: float, rule: str = "clip", labels: Mapping[str, str] | None = None
-) -> str:
-    """A plain-text per-agent table in the spirit of the paper's Fig. 2."""
-    head = (
-        "agent",
-        "active",
-        "density",
-        "unique",
-        "shared w/ 1",
-        "w/ >=2",
-        "rho",
-        f"lambda ({_lambda_label(r, alpha, rule)})",
-    )
-    rows = [head]
-    for s in stats:
-        uni, one, many = s.shares
-        rows.append(
-            (
-                (labels or {}).get(s.name, s.name),
-                f"{s.active:,}",
-                f"{100 * s.density:.2f}%",
-                f"{100 * uni:.1f}%",
-                f"{100 * one:.1f}%",
-                f"{100 * many:.1f}%",
-                format_number(s.rho),
-                f"{s.lambda_(r, alpha, rule):.4f}",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def format_number(value: float) -> str:
-    return "inf" if math.isinf(value) else f"{value:.4g}"
-
-
-def _lambda_label(r: float, alpha: float, rule: str) -> str:
-    return f"r={r:g}, alpha={alpha:g}" if rule == "clip" else f"soft, r={r:g}"

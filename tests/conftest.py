@@ -108,15 +108,16 @@ def _run(text: str, out: Path, options: Optional[Dict[str, Any]] = None) -> Merg
     from mergekit.merge import run_merge
     from mergekit.options import MergeOptions
 
-    from mergekit_ram import kernel, prepass
+    from mergekit_ram import kernel
+    from mergekit_ram._mergekit import planning
 
     record = {"stats": None, "prepass": 0, "count": 0}
-    real_run, real_count = prepass.run, kernel.count
+    real_run, real_count = planning.prepare, kernel.count
 
-    def spy_run(planner):
+    def spy_run(planner, current):
         record["prepass"] += 1
-        record["stats"] = real_run(planner)
-        return record["stats"]
+        real_run(planner, current)
+        record["stats"] = current.stats.totals() if current.stats is not None else None
 
     def spy_count(*args, **kwargs):
         record["count"] += 1
@@ -126,7 +127,7 @@ def _run(text: str, out: Path, options: Optional[Dict[str, Any]] = None) -> Merg
     opts.update(options or {})
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(prepass, "run", spy_run)
+        mp.setattr(planning, "prepare", spy_run)
         mp.setattr(kernel, "count", spy_count)  # wraps a test's own replacement too
         config = MergeConfiguration.model_validate(yaml.safe_load(text))
         run_merge(config, str(out), options=MergeOptions(**opts))

@@ -414,7 +414,7 @@ def test_rho_per_tensor_with_epsilon_zero_has_no_nan(run_yaml, qwen_bf16):
 def _check(text: str):
     from mergekit.config import MergeConfiguration
 
-    from mergekit_ram import checks
+    from mergekit_ram import config_checks as checks
 
     checks.check_config(MergeConfiguration.model_validate(yaml.safe_load(text)))
 

@@ -5,7 +5,7 @@ Tiny Qwen3-MoE and Mixtral families are written the way hub checkpoints store th
 with plain `run_merge`. The reference fuses the experts itself (stack per expert, gate
 rows before up rows) and runs the float64 equations on the fused tensors, so counts,
 rho and merged weights are checked against what mergekit writes. The linear-time
-loading that `ramplus` switches on (mergekit_ram/loading.py) must give exactly
+loading that `ramplus` switches on (mergekit_ram/_mergekit/loading.py) must give exactly
 mergekit's own tensors, and never divert any other method's loading.
 """
 
@@ -32,7 +32,7 @@ EXPERTS, LAYERS = 4, 2
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))
 def moe(request, tmp_path_factory):
-    from mergekit_ram.synthetic import build_workload
+    from mergekit_ram.example_models import build_workload
 
     arch = request.param
     wl = build_workload(
@@ -109,7 +109,8 @@ def test_moe_fast_loading_gives_mergekits_own_tensors(moe, run_yaml, monkeypatch
     from mergekit.architecture import conversion
     from mergekit.io import tasks
 
-    from mergekit_ram import loading
+    from mergekit_ram import session
+    from mergekit_ram._mergekit import loading
 
     arch, wl = moe
     sizes = []
@@ -124,7 +125,7 @@ def test_moe_fast_loading_gives_mergekits_own_tensors(moe, run_yaml, monkeypatch
     fast = run_yaml(config_text(wl))
     fast_sizes, sizes[:] = list(sizes), []
     with monkeypatch.context() as m:
-        m.setattr(loading, "active", contextlib.nullcontext)
+        m.setattr(loading, "_fast", lambda: False)
         slow = run_yaml(config_text(wl))
     total = len(models.load_checkpoint(wl.base))
     assert fast_sizes and max(fast_sizes) <= 2 * EXPERTS < total  # only the experts that form the target
@@ -133,11 +134,12 @@ def test_moe_fast_loading_gives_mergekits_own_tensors(moe, run_yaml, monkeypatch
     for name in fast.tensors:
         assert torch.equal(fast.tensors[name], slow.tensors[name]), name
     assert {str(k): vars(s) for k, s in fast.stats.items()} == {str(k): vars(s) for k, s in slow.stats.items()}
-    assert loading._depth == 0
+    assert session.current() is None
 
 
 def test_other_methods_keep_mergekits_loading(moe, run_yaml, monkeypatch):
-    from mergekit_ram import loading
+    from mergekit_ram import session
+    from mergekit_ram._mergekit import loading
 
     arch, wl = moe
     diverted = []
@@ -149,11 +151,11 @@ def test_other_methods_keep_mergekits_loading(moe, run_yaml, monkeypatch):
     diverted.clear()
     run = run_yaml(config_text(wl, parameters="normalize: false", method="task_arithmetic"))
     assert not diverted and run.tensors
-    assert loading._depth == 0
+    assert session.current() is None
 
 
 def test_reachable_names_each_experts_tensors(moe):
-    from mergekit_ram.loading import reachable
+    from mergekit_ram._mergekit.loading import reachable
 
     arch, wl = moe
     block, (gate, up, down) = ARCHS[arch]

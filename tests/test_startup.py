@@ -38,7 +38,7 @@ PRELUDE = textwrap.dedent(
         print("RESULT " + _json.dumps(values, default=str), flush=True)
 
     def finders():
-        return sum(type(f).__module__ == "mergekit_ram.startup" for f in sys.meta_path)
+        return sum(type(f).__module__ == "mergekit_ram._mergekit.finder" for f in sys.meta_path)
     """
 )
 
@@ -80,9 +80,9 @@ def py(neutral_cwd):
 @pytest.fixture(scope="session")
 def workload(tmp_path_factory):
     try:
-        from mergekit_ram.synthetic import build_workload
+        from mergekit_ram.example_models import build_workload
     except ImportError as error:  # pragma: no cover - depends on a file being written
-        pytest.fail(f"mergekit_ram.synthetic.build_workload is not importable: {error!r}")
+        pytest.fail(f"mergekit_ram.example_models.build_workload is not importable: {error!r}")
     out = tmp_path_factory.mktemp("workload")
     return build_workload(
         out, hidden_size=32, num_layers=2, vocab_size=64, densities=(0.05, 0.3), tokenizer=False
@@ -174,7 +174,7 @@ def test_startup_is_torch_free_and_mergekit_free(py):
     extra = set(result["modules"]) - set(disabled["modules"])
     # our two modules, plus whatever standard-library modules importlib.util needs
     # (how many of those an interpreter has already loaded depends on the environment)
-    ours = {"mergekit_ram", "mergekit_ram.startup"}
+    ours = {"mergekit_ram", "mergekit_ram._mergekit", "mergekit_ram._mergekit.finder"}
     foreign = {m for m in extra - ours if m.split(".")[0] not in sys.stdlib_module_names}
     assert not foreign, f"start-up imports more than the hook: {sorted(foreign)}"
     assert "logging" not in extra and "threading" not in extra
@@ -281,7 +281,7 @@ def plan_first(py):
         import mergekit.plan as p
         print(p.MergePlanner._plan)
         import mergekit.merge_methods as m
-        from mergekit_ram import hook
+        from mergekit_ram._mergekit import hooks as hook, surface
         plan = p.MergePlanner._plan
         inner = plan.__wrapped__
         first = dict(
@@ -289,7 +289,7 @@ def plan_first(py):
             inner_marked=hasattr(inner, '__mergekit_ram_prepass__'),
             inner_name=inner.__module__ + ':' + inner.__qualname__,
             registered=m.get('ramplus') is sys.modules['mergekit_ram.method'].ramplus,
-            reason=hook.unavailable_reason(),
+            reason=surface.unavailable_reason(),
         )
         print('---- repeat ----', file=sys.stderr, flush=True)
         import importlib
@@ -297,8 +297,8 @@ def plan_first(py):
         for _ in range(5):
             import mergekit_ram
             importlib.reload(mergekit_ram)
-        import mergekit_ram.startup as startup
-        import mergekit_ram.hook as hook
+        import mergekit_ram._mergekit.finder as startup
+        import mergekit_ram._mergekit.hooks as hook; import mergekit_ram._mergekit.surface as surface
         import mergekit.plan as plan
         import mergekit.merge_methods as m
         startup.install(); startup.install()
@@ -323,8 +323,8 @@ def plan_first(py):
             del sys.modules[name]
         import mergekit_ram
         import mergekit_ram.method
-        importlib.reload(sys.modules['mergekit_ram.startup'])
-        sys.modules['mergekit_ram.startup'].install()
+        importlib.reload(sys.modules['mergekit_ram._mergekit.finder'])
+        sys.modules['mergekit_ram._mergekit.finder'].install()
         r['finders_after_reload'] = finders()
         r['count_after_reload'] = [x.spec.name for x in m.registered_methods()].count('ramplus')
         r['mark_after_reload'] = getattr(plan.MergePlanner._plan, '__mergekit_ram_prepass__', False)
@@ -373,7 +373,7 @@ def test_reimport_after_purge_is_silent_and_adds_no_finder(plan_first):
 
 @pytest.mark.parametrize(
     "first",
-    ["import mergekit_ram.method", "from mergekit_ram import api", "import mergekit_ram.prepass"],
+    ["import mergekit_ram.method", "from mergekit_ram import api", "import mergekit_ram._mergekit.planning"],
 )
 def test_import_orders_end_registered(py, first):
     result, proc = py(
@@ -408,7 +408,7 @@ BREAKERS = {
     # the registration hook itself raises
     "register-hook-raises": textwrap.dedent(
         """
-        import mergekit_ram.startup as startup
+        import mergekit_ram._mergekit.finder as startup
         def register_methods():
             raise ZeroDivisionError('simulated registration failure')
         for key, hook in list(startup._HOOKS.items()):
@@ -447,10 +447,10 @@ def test_incompatible_mergekit_disables_prepass_but_not_mergekit(py, workload, t
     config = {k: v for k, v in _config(workload).items() if k != "parameters"}
     result, proc = py(
         f"""
-        import mergekit_ram.hook as hook
-        def check_surface():
-            raise hook.IncompatibleMergekit('simulated: mergekit changed its planner')
-        hook.check_surface = check_surface
+        import mergekit_ram._mergekit.surface as surface
+        def check(needed_for):
+            raise surface.IncompatibleMergekit('simulated: mergekit changed its planner')
+        surface.check = check
         assert 'mergekit.plan' not in sys.modules
         import mergekit.plan as p
         from mergekit.config import MergeConfiguration
@@ -463,7 +463,7 @@ def test_incompatible_mergekit_disables_prepass_but_not_mergekit(py, workload, t
             import os
             return sorted(os.listdir(out))
         r = dict(
-            reason=hook.unavailable_reason(),
+            reason=surface.unavailable_reason(),
             wrapped=getattr(p.MergePlanner._plan, '__mergekit_ram_prepass__', False),
             linear=merge({str(tmp_path / 'linear')!r}, 'linear', weight=1.0),
             ram_r0=merge({str(tmp_path / 'ram_r0')!r}, 'ramplus', r=0.0),

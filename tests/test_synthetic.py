@@ -11,8 +11,9 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from mergekit_ram import cli, synthetic
-from mergekit_ram.synthetic import build_workload, write_example
+from mergekit_ram import cli
+from mergekit_ram import example_models as synthetic
+from mergekit_ram.example_models import build_workload, write_example
 
 INT_VIEW = {torch.bfloat16: torch.int16, torch.float32: torch.int32}
 DENSITIES = (0.03, 0.46, 0.54)

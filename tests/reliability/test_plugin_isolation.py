@@ -20,7 +20,8 @@ import models
 import pytest
 import torch
 
-from mergekit_ram import checks, loading, native, prepass, report
+from mergekit_ram import config_checks, input_checks, native, report
+from mergekit_ram._mergekit import loading, planning
 from reliability.conftest import config_yaml
 
 METHODS = {
@@ -109,14 +110,14 @@ BREAKERS = {
     "planted-library": _planted_library,
     "corrupt-world-writable-cache": _corrupt_cache,
     "cache-path-unusable": _cache_is_a_file,
-    "statistics-pass-raises": lambda m, _t: m.setattr(prepass, "run", _raises),
+    "statistics-pass-raises": lambda m, _t: m.setattr(planning, "prepare", _raises),
     "config-checks-raise": lambda m, _t: (
-        m.setattr(checks, "check_config", _raises),
-        m.setattr(checks, "check_input_files", _raises),
+        m.setattr(config_checks, "check_config", _raises),
+        m.setattr(input_checks, "check_input_files", _raises),
     ),
-    "fast-loading-raises": lambda m, _t: m.setattr(loading, "active", _raises),
+    "fast-loading-raises": lambda m, _t: (m.setattr(loading, "install", _raises), m.setattr(loading, "_fast", _raises)),
     "card-section-raises": lambda m, _t: m.setattr(report, "card_section", _raises),
-    "stats-writer-raises": lambda m, _t: m.setattr(prepass, "write_statistics", _raises),
+    "stats-writer-raises": lambda m, _t: m.setattr(planning, "write_statistics", _raises),
 }
 
 

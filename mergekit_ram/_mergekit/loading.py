@@ -15,41 +15,28 @@ shard, and the second passes `convert_checkpoint_tensors` only the checkpoint te
 that can reach the target (found once per model by running mergekit's own name matching
 over all names), so the conversion itself and its result are mergekit's. Should the
 filtered call find nothing, the full call runs. Both replacements are installed only
-when mergekit's originals are byte-for-byte the ones they were written against, and
-only divert while `active()` is entered; other merge methods always run mergekit's code.
+when mergekit's originals are byte-for-byte the ones they were written against (their
+source hashes are in `surface.NAMES`), and only divert while the current `MergeSession`
+asks for fast loading (a `ramplus` run_merge or `inspect`, in that thread); other merge
+methods always run mergekit's code.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import inspect
 import logging
-import threading
 import weakref
-from collections.abc import Iterator
 from typing import Any
+
+from mergekit_ram import session
+from mergekit_ram._mergekit import surface
 
 LOG = logging.getLogger("mergekit_ram")
 
-#: sha256 prefixes of the sources these replacements mirror (mergekit 0.1.5).
-_KNOWN = {
-    "LazyTensorLoader.get_tensor": "dd0df1e785f47b7b",
-    "LoadTensor._load_converted_tensor": "ee2a16e7a15ea57d",
-    "convert_checkpoint_tensors": "f964df0da40aa892",
-    "_iter_transform_matches": "6a2c25a7002bc389",
-    "_expanded_target_keys": "8eab3e6797ca04ad",
-}
 _MARK = "__mergekit_ram_loading__"
-_depth = 0
-_depth_lock = threading.Lock()
 _status: str | None = None  # None: not tried yet; "" installed; else why not
-#: loader -> (its model type, reachable(...) for its names), built once per model and run
+#: caches of what a loader's names imply, per mergekit loader object (weak: they go with the loader)
 _plans: weakref.WeakKeyDictionary[Any, tuple[str | None, dict[str, list[str]]]] = weakref.WeakKeyDictionary()
-
-
-def _fingerprint(function) -> str:
-    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+_names: weakref.WeakKeyDictionary[Any, tuple[Any, frozenset]] = weakref.WeakKeyDictionary()
 
 
 def install() -> str:
@@ -58,56 +45,38 @@ def install() -> str:
     if _status is not None:
         return _status
     try:
-        from mergekit.architecture import conversion
-        from mergekit.io.lazy_tensor_loader import LazyTensorLoader
-        from mergekit.io.tasks import LoadTensor
-
-        found = {
-            "LazyTensorLoader.get_tensor": LazyTensorLoader.get_tensor,
-            "LoadTensor._load_converted_tensor": LoadTensor._load_converted_tensor,
-            "convert_checkpoint_tensors": conversion.convert_checkpoint_tensors,
-            "_iter_transform_matches": conversion._iter_transform_matches,
-            "_expanded_target_keys": conversion._expanded_target_keys,
-        }
-        changed = [
-            name for name, f in found.items() if not getattr(f, _MARK, False) and _fingerprint(f) != _KNOWN[name]
-        ]
-        if changed:
-            _status = "mergekit's loader differs from 0.1.5 (" + ", ".join(changed) + ")"
+        found = surface.problems(surface.LOADING)
+        if found:
+            _status = "; ".join(found)
         else:
-            _divert(LazyTensorLoader, "get_tensor", "_get_tensor")
-            _divert(LoadTensor, "_load_converted_tensor", "_load_converted_tensor")
+            from mergekit.io.lazy_tensor_loader import LazyTensorLoader
+            from mergekit.io.tasks import LoadTensor
+
+            _divert(LazyTensorLoader, "get_tensor", _get_tensor)
+            _divert(LoadTensor, "_load_converted_tensor", _load_converted_tensor)
             _status = ""
     except Exception as error:  # never let a speed-up break a merge
         _status = f"could not inspect mergekit's loader: {error!r}"
+    surface.set_verdict(surface.LOADING, _status or None)
     if _status:
         LOG.info("mergekit-ram: fast tensor loading unavailable, using mergekit's own: %s", _status)
     return _status
 
 
-@contextlib.contextmanager
-def active() -> Iterator[None]:
-    """Divert mergekit's tensor loading to the linear-time paths while inside."""
-    global _depth
-    install()
-    with _depth_lock:
-        _depth += 1
-    try:
-        yield
-    finally:
-        with _depth_lock:
-            _depth -= 1
+def _fast() -> bool:
+    current = session.current()
+    return current is not None and current.fast_loading
 
 
-def _divert(cls, name: str, fast: str) -> None:
-    """Route cls.name to this module's function `fast` while `active()`; mergekit's otherwise."""
+def _divert(cls, name: str, fast) -> None:
+    """Route cls.name to `fast` while the current session loads fast; to mergekit's otherwise."""
     original = getattr(cls, name)
     if getattr(original, _MARK, False):
         return
 
     def method(self, *args, **kwargs):
-        if _depth:
-            return globals()[fast](original, self, *args, **kwargs)
+        if _fast():
+            return fast(original, self, *args, **kwargs)
         return original(self, *args, **kwargs)
 
     method.__qualname__ = f"mergekit_ram[{original.__qualname__}]"
@@ -149,10 +118,10 @@ def _get_tensor(original, self, key, device="cpu", aliases=None, raise_on_missin
 def _shard_names(loader) -> frozenset:
     """The open shard's names, listed once per opened shard (mergekit lists them on every read)."""
     shard = loader.current_shard
-    cached = loader.__dict__.get("_mergekit_ram_names")
+    cached = _names.get(loader)
     if cached is None or cached[0] is not shard:
         cached = (shard, frozenset(shard.keys()))
-        loader.__dict__["_mergekit_ram_names"] = cached
+        _names[loader] = cached
     return cached[1]
 
 

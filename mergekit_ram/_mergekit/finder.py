@@ -1,12 +1,12 @@
-"""Registration without a wrapper: mergekit 0.1.5 has no plugin discovery.
+"""Start-up: registration without a wrapper script, since mergekit 0.1.5 has no plugin discovery.
 
-`mergekit_ram.pth` imports this package at interpreter start-up. We only add a
-meta-path finder (no torch, no mergekit import) that runs a small hook right
+`mergekit_ram.pth` imports `mergekit_ram` at interpreter start-up, which adds
+this meta-path finder (no torch, no mergekit import). It runs a small hook right
 after mergekit's own modules finish loading: register `ramplus` once
 `mergekit.merge_methods` exists, install the statistics pre-pass once
-`mergekit.plan` exists (`mergekit_ram.hook`), extend the model card once
-`mergekit.merge` exists. A failing hook logs a warning and never raises into
-mergekit. `MERGEKIT_RAM_DISABLE=1` makes the .pth do nothing.
+`mergekit.plan` exists, extend the model card and `run_merge` once
+`mergekit.merge` exists (`hooks.install`). A failing hook logs a warning and
+never raises into mergekit. `MERGEKIT_RAM_DISABLE=1` makes the .pth do nothing.
 """
 
 import _thread
@@ -14,7 +14,8 @@ import importlib.util
 import sys
 
 _lock = _thread.RLock()
-_busy: set[str] = set()
+_busy: set[str] = set()  # modules whose spec this finder is looking up
+_executing: set[str] = set()  # modules whose code runs in one of our loaders right now
 _warned: set[str] = set()
 
 
@@ -26,9 +27,8 @@ def _log():
 
 def register_methods():
     """Register `ramplus` with mergekit (idempotent; skips a name collision)."""
-    pending = sys.modules.get("mergekit_ram.method")
-    if pending is not None and not hasattr(pending, "ramplus"):
-        return  # still being defined: its own load hook registers it
+    if "mergekit_ram.method" in _executing:
+        return  # still being defined (it imports mergekit.merge_methods): its own load hook registers it
     from mergekit.merge_methods import register, registered_methods
 
     from mergekit_ram.method import is_ours, ramplus
@@ -53,16 +53,16 @@ def _origin(method) -> str:
 
 def install_prepass():
     """Wrap mergekit's planner so `ramplus` gets whole-model statistics."""
-    from mergekit_ram import hook
+    from mergekit_ram._mergekit import hooks
 
-    hook.install()
+    hooks.install()
 
 
 def install_card():
-    """Add the RAM+ section to the model card mergekit writes."""
-    from mergekit_ram import hook
+    """Wrap `run_merge` and add the RAM+ section to the model card mergekit writes."""
+    from mergekit_ram._mergekit import hooks
 
-    hook.install_card()
+    hooks.install_merge()
 
 
 _HOOKS = {
@@ -95,7 +95,11 @@ class _Loader:
         if spec is not None and spec.loader is self:
             spec.loader = self._loader
         module.__loader__ = self._loader
-        self._loader.exec_module(module)
+        _executing.add(module.__name__)
+        try:
+            self._loader.exec_module(module)
+        finally:
+            _executing.discard(module.__name__)
         _run(self._hook)
 
     def __getattr__(self, name):

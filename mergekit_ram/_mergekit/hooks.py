@@ -1,0 +1,159 @@
+"""The mergekit functions we wrap, each a thin call into `planning` (other merge methods pass through).
+
+- `mergekit.merge.run_merge`: a `ramplus` merge runs as one `MergeSession`
+  (made current for this thread or task), checks its input files first, loads
+  tensors in linear time (`loading`), and writes `ram_stats.json` last, after
+  mergekit's config, card and tokenizer: its presence marks a finished merge,
+  so an interrupted one (killed, disk full) never looks complete;
+- `MergePlanner._plan`: check the config, let mergekit plan, then run the
+  statistics pass on the planned tasks (`planning.prepare`);
+- `MergePlanner.plan_to_disk`: refuse an output folder inside an input model,
+  drop a stale `ram_stats.json` there, and queue the new one;
+- `mergekit.merge.generate_card`: append the "RAM+ statistics" section.
+
+`install` patches only after `surface.check` accepted the installed mergekit;
+otherwise it logs why, and `ramplus` with r > 0 says so when it needs rho.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from mergekit_ram import method, output_checks, report, session
+from mergekit_ram._mergekit import loading, planning, surface
+from mergekit_ram.method import resolves_to_ours
+
+LOG = logging.getLogger("mergekit_ram")
+
+_MARK = "__mergekit_ram_prepass__"
+
+
+def install() -> None:
+    """Wrap the planner (and, once loaded, mergekit.merge). Idempotent."""
+    from mergekit.plan import MergePlanner
+
+    if not getattr(MergePlanner._plan, _MARK, False):
+        try:
+            surface.check(surface.PREPASS)
+        except surface.IncompatibleMergekit as error:
+            surface.set_verdict(surface.PREPASS, str(error))
+            method.prepass_unavailable = str(error)
+            LOG.warning("mergekit-ram: global RAM+ pre-pass disabled: %s", error)
+            return
+        wrap(MergePlanner, "_plan", _plan)
+        wrap(MergePlanner, "plan_to_disk", _plan_to_disk)
+        surface.set_verdict(surface.PREPASS, None)
+        method.prepass_unavailable = None
+    install_merge()
+
+
+def install_merge() -> None:
+    """Wrap `run_merge` and `generate_card` of `mergekit.merge`, once it is loaded. Idempotent."""
+    import sys
+
+    merge: Any = sys.modules.get("mergekit.merge")  # not imported here: it loads torch and transformers
+    run_merge = getattr(merge, "run_merge", None)
+    if run_merge is None or getattr(run_merge, _MARK, False):
+        return  # not loaded, still loading (its load hook calls us again), or done
+    try:
+        surface.check(surface.MERGE)
+    except surface.IncompatibleMergekit as error:
+        surface.set_verdict(surface.MERGE, str(error))
+        LOG.warning("mergekit-ram: ram_stats.json written by the planner, no card section, no inspect: %s", error)
+        return
+
+    def run_merge_wrapper(merge_config: Any, *args: Any, **kwargs: Any) -> Any:
+        if not resolves_to_ours(merge_config.merge_method):
+            return run_merge(merge_config, *args, **kwargs)
+        return _run_ramplus_merge(run_merge, merge_config, *args, **kwargs)
+
+    _mark(run_merge_wrapper, run_merge)
+    merge.run_merge = run_merge_wrapper
+    card = getattr(merge, "generate_card", None)
+    if card is not None and not getattr(card, _MARK, False):
+
+        def generate_card(config: Any, *args: Any, **kwargs: Any) -> str:
+            text: str = card(config, *args, **kwargs)
+            current = session.current()
+            if current is None or not current.owns(config) or current.report is None:
+                return text
+            return text.rstrip("\n") + "\n\n" + report.card_section(current.report)
+
+        _mark(generate_card, card)
+        merge.generate_card = generate_card
+
+
+def _run_ramplus_merge(run_merge: Callable[..., Any], merge_config: Any, *args: Any, **kwargs: Any) -> Any:
+    out_path = args[0] if args else kwargs.get("out_path")
+    options = args[1] if len(args) > 1 else kwargs.get("options")
+    config_source = args[2] if len(args) > 2 else kwargs.get("config_source")
+    merge = session.MergeSession(
+        config=merge_config, options=options, out_path=out_path, in_run_merge=True, fast_loading=True
+    )
+    with session.active(merge):
+        planning.check_inputs(merge_config, card=config_source is None and getattr(options, "write_model_card", False))
+        loading.install()  # linear-time tensor loading, for this merge only (fast_loading)
+        try:
+            result = run_merge(merge_config, *args, **kwargs)
+            for folder, payload in merge.pending:  # last: the marker of a finished merge
+                planning.write_statistics(folder, payload)
+            return result
+        except BaseException as error:
+            if out_path and os.path.isdir(out_path) and merge.pending:
+                LOG.error(
+                    "mergekit-ram: the merge into %s stopped (%s: %s); the folder holds an incomplete model "
+                    "(a finished ramplus merge ends by writing %s)",
+                    out_path,
+                    type(error).__name__,
+                    error,
+                    planning.STATS_FILE,
+                )
+            raise
+
+
+def _plan(original: Callable[[Any], None], planner: Any) -> None:
+    if not resolves_to_ours(planner.config.merge_method):
+        return original(planner)
+    current = session.current()
+    if current is None or not current.owns(planner.config):  # a planner driven directly
+        current = session.MergeSession(config=planner.config, options=planner.options)
+    with session.active(current):
+        planning.check_config(current)
+        original(planner)
+        planning.prepare(planner, current)
+
+
+def _plan_to_disk(original: Callable[[Any, str], list[Any]], planner: Any, out_path: str) -> list[Any]:
+    if not resolves_to_ours(planner.config.merge_method):
+        return original(planner, out_path)
+    current = session.current()
+    if current is None or not current.owns(planner.config):  # a planner driven directly
+        current = session.MergeSession(config=planner.config, options=planner.options, out_path=out_path)
+    with session.active(current):
+        output_checks.check_output(planner.config, out_path)
+        planning.remove_stale_statistics(out_path)
+        tasks = original(planner, out_path)
+        if current.report is not None:
+            planning.queue_statistics(current, tasks, out_path)
+    return tasks
+
+
+def wrap(cls: type, name: str, replacement: Callable[..., Any]) -> None:
+    """Replace `cls.name` by a call of `replacement(original, self, ...)`, marked as ours."""
+    original = getattr(cls, name)
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return replacement(original, self, *args, **kwargs)
+
+    _mark(wrapper, original)
+    setattr(cls, name, wrapper)
+
+
+def _mark(wrapper: Any, original: Callable[..., Any]) -> None:
+    wrapper.__qualname__ = f"mergekit_ram[{original.__qualname__}]"
+    wrapper.__doc__ = original.__doc__
+    wrapper.__wrapped__ = original
+    setattr(wrapper, _MARK, True)

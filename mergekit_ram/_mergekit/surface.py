@@ -1,0 +1,210 @@
+"""Every mergekit name mergekit-ram uses, and the one guard that checks them all.
+
+mergekit has no stable plugin API for what RAM+ needs (a whole-model pre-pass),
+so the seam relies on names that a new mergekit may move or change. They are
+all listed in `NAMES`, each with what breaks without it. `check()` resolves
+every one against the installed mergekit (the version, each attribute, method
+and task field, and the source of each function `loading` mirrors) and says
+precisely what changed; `hooks.install` patches nothing the guard rejects.
+
+The private attributes of mergekit's objects are read and written here only
+(`planned`, `replace_planned`), so a new mergekit means reading one module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+SUPPORTED = (0, 1, 5), (0, 2, 0)
+SUPPORTED_TEXT = ">=0.1.5,<0.2"
+
+PREPASS = "prepass"  # the statistics pass and rho injection (checked when mergekit.plan loads)
+MERGE = "merge"  # run_merge's wrapper, the card, inspect's preamble (checked when mergekit.merge loads)
+LOADING = "loading"  # linear-time tensor loading (only a speed-up: mergekit's own loading is used without it)
+PUBLIC = "public"  # mergekit's public API (method definition, CLI options)
+
+
+@dataclass(frozen=True)
+class Name:
+    """One mergekit name: `module`, dotted `attribute` path in it, what needs it.
+
+    `kind`: "object" (must exist), "field" (a pydantic field of the class), "annotation"
+    (a class-level annotation, i.e. an instance attribute), or "source" (the function's
+    source must hash to `sha`: `loading` mirrors its body).
+    """
+
+    module: str
+    attribute: str
+    needed_for: str
+    kind: str = "object"
+    sha: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.module}.{self.attribute}"
+
+
+def _fields(cls: str, module: str, names: str) -> list[Name]:
+    return [Name(module, f"{cls}.{n}", PREPASS, "field") for n in names.split()]
+
+
+_PLAN = "mergekit.plan"
+_TASKS = "mergekit.io.tasks"
+_ADAPTER = "mergekit.merge_methods.task_adapter"
+_CONVERSION = "mergekit.architecture.conversion"
+
+NAMES: tuple[Name, ...] = (
+    # the planner: wrapped, and read/written between planning and execution
+    Name(_PLAN, "MergePlanner", PREPASS),
+    Name(_PLAN, "MergePlanner._plan", PREPASS),
+    Name(_PLAN, "MergePlanner.plan_to_disk", PREPASS),
+    Name(_PLAN, "MergePlanner._tensors", PREPASS, "annotation"),
+    Name(_PLAN, "MergePlanner.config", PREPASS, "annotation"),
+    Name(_PLAN, "MergePlanner.options", PREPASS, "annotation"),
+    # the planned merge tasks: what is counted, and where rho goes
+    Name(_ADAPTER, "ExecuteMergeMethodTask", PREPASS),
+    *_fields(
+        "ExecuteMergeMethodTask",
+        _ADAPTER,
+        "method_name gather_tensors model_order base_model output_weight parameters input_parameters dtype",
+    ),
+    Name(_ADAPTER, "TensorDictWrapper", PREPASS),
+    # running the count tasks on mergekit's own executors
+    Name("mergekit.graph", "Task", PREPASS),
+    Name("mergekit.graph", "Executor", PREPASS),
+    Name("mergekit.multigpu_executor", "MultiGPUExecutor", PREPASS),
+    Name(_TASKS, "LoaderCache", PREPASS),
+    Name(_TASKS, "GatherTensors", PREPASS),
+    Name(_TASKS, "FinalizeModel", PREPASS),
+    Name("mergekit.merge_methods", "TensorEntry", PREPASS),
+    Name("mergekit.merge_methods", "TensorMetadata", PREPASS),
+    Name("mergekit.merge_methods.dtype", "align_dtype", PREPASS),
+    Name("mergekit.common", "dtype_from_name", PREPASS),
+    Name("mergekit.common", "ImmutableMap", PREPASS),
+    # run_merge's preamble (for `inspect`) and the wrapped card / run_merge
+    Name("mergekit.merge", "run_merge", MERGE),
+    Name("mergekit.merge", "generate_card", MERGE),
+    Name("mergekit.merge", "_model_out_config", MERGE),
+    Name("mergekit.architecture", "get_architecture_info", MERGE),
+    # fast loading: functions whose bodies `loading` mirrors, hashed
+    Name("mergekit.io.lazy_tensor_loader", "LazyTensorLoader.get_tensor", LOADING, "source", "dd0df1e785f47b7b"),
+    Name(_TASKS, "LoadTensor._load_converted_tensor", LOADING, "source", "ee2a16e7a15ea57d"),
+    Name(_CONVERSION, "convert_checkpoint_tensors", LOADING, "source", "f964df0da40aa892"),
+    Name(_CONVERSION, "_iter_transform_matches", LOADING, "source", "6a2c25a7002bc389"),
+    Name(_CONVERSION, "_expanded_target_keys", LOADING, "source", "8eab3e6797ca04ad"),
+    Name("mergekit.io.loader", "TensorLoader", LOADING),
+    # public API: the method definition, registration, the CLI
+    Name("mergekit", "merge_methods", PUBLIC),
+    Name("mergekit.merge_methods", "merge_method", PUBLIC),
+    Name("mergekit.merge_methods", "register", PUBLIC),
+    Name("mergekit.merge_methods", "registered_methods", PUBLIC),
+    Name("mergekit.merge_methods", "get", PUBLIC),
+    Name("mergekit.merge_methods", "BasePolicy", PUBLIC),
+    Name("mergekit.merge_methods", "InputContract", PUBLIC),
+    Name("mergekit.merge_methods", "PerNonBase", PUBLIC),
+    Name("mergekit.merge_methods", "TensorGroup", PUBLIC),
+    Name("mergekit.config", "MergeConfiguration", PUBLIC),
+    Name("mergekit.options", "MergeOptions", PUBLIC),
+    Name("mergekit.options", "add_merge_options", PUBLIC),
+)
+
+#: Set by `hooks.install` when the pre-pass could not be installed: why (read by `unavailable_reason`).
+_verdict: dict[str, str | None] = {PREPASS: None, MERGE: None, LOADING: None}
+
+
+class IncompatibleMergekit(RuntimeError):
+    """mergekit's private surface is not what this release was built for."""
+
+
+def fingerprint(function: Any) -> str:
+    """sha256 prefix of a function's source (the `sha` of a "source" Name)."""
+    return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+
+
+def resolve(name: Name) -> Any:
+    """The object `name` refers to (for a field or annotation: its class)."""
+    target: Any = importlib.import_module(name.module)
+    parts = name.attribute.split(".")
+    if name.kind in ("field", "annotation"):
+        parts = parts[:-1]
+    for part in parts:
+        target = getattr(target, part)
+    return getattr(target, "__wrapped__", target) if name.kind == "source" else target
+
+
+def problems(needed_for: str | None = None) -> list[str]:
+    """What is missing or changed in the installed mergekit, one line each (empty: all fine)."""
+    from importlib.metadata import version
+
+    found: list[str] = []
+    installed = version("mergekit")
+    numbers = tuple(int(p) for p in installed.split(".")[:3] if p.isdigit())
+    if not (SUPPORTED[0] <= numbers < SUPPORTED[1]):
+        found.append(f"mergekit {installed} is installed; mergekit-ram supports mergekit{SUPPORTED_TEXT}")
+    for name in NAMES:
+        if needed_for is not None and name.needed_for != needed_for:
+            continue
+        try:
+            target = resolve(name)
+        except (ImportError, AttributeError) as error:
+            found.append(f"{name.label} is gone ({type(error).__name__}: {error})")
+            continue
+        last = name.attribute.split(".")[-1]
+        if name.kind == "field" and last not in getattr(target, "model_fields", {}):
+            found.append(f"{name.label}: no such task field")
+        elif name.kind == "annotation" and not any(last in getattr(c, "__annotations__", {}) for c in target.__mro__):
+            found.append(f"{name.label}: no such attribute")
+        elif name.kind == "source":
+            try:
+                sha = fingerprint(target)
+            except (OSError, TypeError) as error:
+                found.append(f"{name.label}: source unavailable ({error})")
+                continue
+            if sha != name.sha:
+                found.append(f"{name.label} changed (source {sha}, expected {name.sha})")
+    return found
+
+
+def check(needed_for: str) -> None:
+    """Raise IncompatibleMergekit listing every problem with the names `needed_for` needs."""
+    found = problems(needed_for)
+    if found:
+        raise IncompatibleMergekit("mergekit changed what mergekit-ram relies on: " + "; ".join(found))
+
+
+def unavailable_reason() -> str | None:
+    """Why the pre-pass could not be installed, or None when it is active (or not tried yet)."""
+    return _verdict[PREPASS]
+
+
+def set_verdict(needed_for: str, reason: str | None) -> None:
+    _verdict[needed_for] = reason
+
+
+# --------------------------------------------------------------------------- #
+# The private attributes themselves: read and written here only.
+# --------------------------------------------------------------------------- #
+def planned(planner: Any) -> list[tuple[Any, Any]]:
+    """The planner's (WeightInfo, task) pairs, in planning order."""
+    return planner._tensors
+
+
+def replace_planned(planner: Any, index: int, task: Any) -> None:
+    """Swap the task planned at `index` (its WeightInfo stays)."""
+    weight, _ = planner._tensors[index]
+    planner._tensors[index] = (weight, task)
+
+
+def plan(planner: Any) -> None:
+    """Run the planner's (wrapped) `_plan`: mergekit's planning, then ours."""
+    planner._plan()
+
+
+def model_out_config(config: Any, arch_info: Any, options: Any) -> Any:
+    from mergekit.merge import _model_out_config
+
+    return _model_out_config(config, arch_info, trust_remote_code=options.trust_remote_code)

@@ -1,0 +1,82 @@
+"""One `ramplus` merge (or `inspect`) as one object, current per thread and task.
+
+mergekit calls our hooks at several points of one merge (plan, plan to disk,
+write the card, finish); what they share travels in a `MergeSession`, made
+current with `active()` for the duration of the merge. It lives in a
+`ContextVar`, so two merges on two threads (or two asyncio tasks) each see
+their own, and nothing is stamped on mergekit's objects or kept in globals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from mergekit_ram import statistics
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One planned `ramplus` tensor as plain data: what the report and the checks need of it."""
+
+    name: str
+    base: str
+    agents: tuple[str, ...]
+    #: epsilon, r, alpha, rho_scope, lambda_rule as planned for this tensor
+    parameters: Mapping[str, Any]
+    #: agent -> rho given in the config (None: counted)
+    given_rho: Mapping[str, float | None]
+
+
+@dataclass
+class MergeSession:
+    """The state of one merge: what was asked, what the statistics pass found, what is left to write.
+
+    `mode`: "merge" (mergekit-yaml / run_merge) or "inspect" (count only, always).
+    `check_parameters`: False when `inspect` plans another method's config as ramplus
+    (its own parameters are not ours to judge).
+    """
+
+    config: Any
+    options: Any = None
+    out_path: str | None = None
+    mode: str = "merge"
+    check_parameters: bool = True
+    config_checked: bool = False
+    #: the planned ramplus tensors, as plain data
+    planned: list[Planned] = field(default_factory=list)
+    stats: statistics.Statistics | None = None
+    source: str = "not computed"
+    #: the report (`report.build`) of this merge, for its card, ram_stats.json and inspect
+    report: dict | None = None
+    #: (folder, JSON text) of ram_stats.json, written when the merge has finished
+    pending: list[tuple[str, str]] = field(default_factory=list)
+    #: True inside `run_merge`: the statistics are written after everything else
+    in_run_merge: bool = False
+    #: load tensors through `_mergekit.loading`'s linear-time paths (run_merge and inspect)
+    fast_loading: bool = False
+
+    def owns(self, config: Any) -> bool:
+        """Whether `config` is this session's (mergekit passes the same object along)."""
+        return config is self.config
+
+
+_current: ContextVar[MergeSession | None] = ContextVar("mergekit_ram_session", default=None)
+
+
+def current() -> MergeSession | None:
+    """The merge being run in this thread or task, if any."""
+    return _current.get()
+
+
+@contextlib.contextmanager
+def active(session: MergeSession) -> Iterator[MergeSession]:
+    """Make `session` current while inside."""
+    token = _current.set(session)
+    try:
+        yield session
+    finally:
+        _current.reset(token)

@@ -1,0 +1,87 @@
+"""Presentation: the per-agent tables printed by a merge and `inspect`, and the card's cells."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from mergekit_ram.statistics import AgentStats
+
+
+def format_table(
+    stats: Iterable[AgentStats], r: float, alpha: float, rule: str = "clip", labels: Mapping[str, str] | None = None
+) -> str:
+    """A plain-text per-agent table in the spirit of the paper's Fig. 2."""
+    head = (
+        "agent",
+        "active",
+        "density",
+        "unique",
+        "shared w/ 1",
+        "w/ >=2",
+        "rho",
+        f"lambda ({_lambda_label(r, alpha, rule)})",
+    )
+    rows = [head]
+    for s in stats:
+        uni, one, many = s.shares
+        rows.append(
+            (
+                (labels or {}).get(s.name, s.name),
+                f"{s.active:,}",
+                f"{100 * s.density:.2f}%",
+                f"{100 * uni:.1f}%",
+                f"{100 * one:.1f}%",
+                f"{100 * many:.1f}%",
+                format_number(s.rho),
+                f"{s.lambda_(r, alpha, rule):.4f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_number(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.4g}"
+
+
+def _lambda_label(r: float, alpha: float, rule: str) -> str:
+    return f"r={r:g}, alpha={alpha:g}" if rule == "clip" else f"soft, r={r:g}"
+
+
+def agent_rows(report: dict) -> list[list[str]]:
+    """Per-agent cells of the card's table: model, density, unique, w/ 1, w/ >=2, rho, lambda."""
+    rows = []
+    for a in report["agents"]:
+        counted = "density" in a
+        rows.append(
+            [
+                a["model"],
+                _pct(a.get("density")) if counted else "—",
+                _pct(a.get("unique_share")) if counted else "—",
+                _pct(a.get("shared_with_1_share")) if counted else "—",
+                _pct(a.get("shared_with_2plus_share")) if counted else "—",
+                _fmt(a["rho"]) + (" (given)" if a.get("rho_source") == "given" else ""),
+                "—" if a["lambda"] is None else f"{a['lambda']:.4f}",
+            ]
+        )
+    return rows
+
+
+def short_labels(agents: Sequence[str]) -> dict[str, str]:
+    """Folder names when they are distinct, full references otherwise."""
+    short = {a: Path(a.split("@")[0].rstrip("/")).name or a for a in agents}
+    return short if len(set(short.values())) == len(short) else {a: a for a in agents}
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "—"
+    return "inf" if value == "inf" else f"{value:.4g}"
+
+
+def _pct(value) -> str:
+    return "—" if value is None else f"{100 * value:.2f}%"
