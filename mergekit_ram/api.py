@@ -23,7 +23,7 @@ def agent_statistics(
     base: StateDictLike, agents: Agents, *, epsilon: float = 1e-5
 ) -> dict[Hashable, statistics.AgentStats]:
     """Whole-model counts per agent (density, unique, shared, rho)."""
-    epsilon = params.check("epsilon", epsilon)
+    epsilon = params.check("epsilon", epsilon, label="epsilon")
     base_sd, named = _inputs(base, agents)
     totals = _count(base_sd, named, epsilon).totals()
     return {name: totals[str(name)] for name, _ in named}
@@ -63,9 +63,9 @@ def merge_state_dicts(
     `rho_scope`) unless given for every agent, e.g. from `agent_statistics`,
     to sweep r without recounting. Returns new tensors; inputs are untouched.
     """
-    epsilon, r, alpha = (params.check(n, v) for n, v in (("epsilon", epsilon), ("r", r), ("alpha", alpha)))
-    params.check("rho_scope", rho_scope)
-    params.check("lambda_rule", lambda_rule)
+    epsilon, r, alpha = (params.check(n, v, label=n) for n, v in (("epsilon", epsilon), ("r", r), ("alpha", alpha)))
+    params.check("rho_scope", rho_scope, label="rho_scope")
+    params.check("lambda_rule", lambda_rule, label="lambda_rule")
     base_sd, named = _inputs(base, agents)
     names = [n for n, _ in named]
     given = _rho_values(rho, names)

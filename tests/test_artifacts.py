@@ -27,109 +27,11 @@ import torch
 import yaml
 
 import models
+from helpers import closed_form, config_text, inputs_of, no_weights_written, number, read_stats, stats_by_path, strict_json, validate_schema
 import reference as R
-from test_merge import config_text, inputs_of, no_weights_written, stats_by_path
 
 LOGGER = "mergekit_ram"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
-AGENT_KEYS = {
-    "model", "identity", "active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel",
-    "density", "unique_share", "shared_with_1_share", "shared_with_2plus_share", "rho_counted", "rho",
-    "rho_source", "lambda",
-}
-
-
-# ---------------------------------------------------------------- closed form
-
-
-def closed_form(family: models.Family, merged, epsilon: float = 1e-5):
-    """From the region sizes alone: per agent (active, unique, pair) per tensor, and totals
-    with shared = active - unique, shared_with_1 = pair (exactly one other agent)."""
-    per_tensor: Dict[str, Dict[str, list]] = {}
-    for name, regions in family.regions.items():
-        row = {a: [0, 0, 0] for a in merged}
-        for region, members in models.REGIONS.items():
-            size = regions[region].numel()
-            on = [a for a in merged if a in members and models.magnitude_of(members[a]) > epsilon]
-            for a in on:
-                row[a][0] += size
-                row[a][1] += size if len(on) == 1 else 0
-                row[a][2] += size if len(on) == 2 else 0
-        per_tensor[name] = row
-    numel = sum(t.numel() for t in family.base.values())
-    totals = {}
-    for a in merged:
-        active = sum(r[a][0] for r in per_tensor.values())
-        unique = sum(r[a][1] for r in per_tensor.values())
-        pair = sum(r[a][2] for r in per_tensor.values())
-        rho = (active - unique) / unique if unique else math.inf
-        totals[a] = dict(
-            active=active, unique=unique, shared=active - unique, shared_with_1=pair,
-            shared_with_2plus=active - unique - pair, numel=numel, density=active / numel, rho=rho,
-        )
-    return per_tensor, totals
-
-
-def strict_json(text: str):
-    def refuse(constant):
-        raise ValueError(f"non-standard JSON constant {constant}")
-
-    return json.loads(text, parse_constant=refuse)
-
-
-def read_stats(out: Path) -> dict:
-    return strict_json((out / "ram_stats.json").read_text(encoding="utf-8"))
-
-
-def number(value):
-    """A JSON rho/lambda back to a float ("inf" is the documented spelling of infinity)."""
-    return math.inf if value == "inf" else value
-
-
-def validate_schema(report: dict, *, counted: bool = True) -> None:
-    """The schema documented in mergekit_ram/report.py (format_version 1)."""
-    assert report["format"] == "mergekit-ram/ram_stats"
-    assert report["format_version"] == 1
-    assert report["method"] == "ramplus"
-    params = report["parameters"]
-    assert set(params) == {"epsilon", "r", "alpha", "rho_scope", "lambda_rule"}
-    assert all(isinstance(params[k], (int, float)) and params[k] >= 0 for k in ("epsilon", "r", "alpha"))
-    assert params["rho_scope"] in ("model", "layer", "tensor")
-    assert params["lambda_rule"] in ("clip", "soft")
-    assert isinstance(report["per_tensor_parameters"], dict)
-    assert report["statistics"] in ("computed", "cache", "not computed")
-    assert report["versions"] == {
-        "mergekit": version("mergekit"), "mergekit-ram": version("mergekit-ram"), "torch": version("torch"),
-    }
-    assert isinstance(report["base_model"]["model"], str)
-    assert HEX64.match(report["base_model"]["identity"]["content_id"])
-    assert report["agents"], "no agents"
-    for row in report["agents"]:
-        assert HEX64.match(row["identity"]["content_id"]), row["model"]
-        if counted:
-            assert set(row) == AGENT_KEYS, sorted(set(row) ^ AGENT_KEYS)
-            for key in ("active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel"):
-                assert isinstance(row[key], int) and row[key] >= 0, key
-            assert row["active"] == row["shared"] + row["unique"]
-            assert row["shared"] == row["shared_with_1"] + row["shared_with_2plus"]
-            for key in ("density", "unique_share", "shared_with_1_share", "shared_with_2plus_share"):
-                assert isinstance(row[key], float) and 0 <= row[key] <= 1, key
-            assert row["rho_source"] in ("counted", "given")
-            assert row["rho_counted"] == "inf" or isinstance(row["rho_counted"], float)
-        assert row["rho"] is None or row["rho"] == "inf" or isinstance(row["rho"], float)
-        assert row["lambda"] is None or isinstance(row["lambda"], float)
-    assert ("rho_by_group" in report) == (counted and params["rho_scope"] != "model")
-    for t in report["tensors"]:
-        assert set(t) == {"name", "numel", "epsilon", "counts"}
-        for row in t["counts"].values():
-            assert len(row) == 3 and all(isinstance(x, int) and 0 <= x <= t["numel"] for x in row), t["name"]
-    if not counted:
-        assert report["tensors"] == []
-
-
-# ---------------------------------------------------------------- ram_stats.json
-
-
 def test_ram_stats_json_schema_and_closed_form(merged, qwen_bf16):
     run = merged(config_text(qwen_bf16, "ABC"))
     text = (run.out / "ram_stats.json").read_text(encoding="utf-8")

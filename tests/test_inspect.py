@@ -17,8 +17,7 @@ import pytest
 import torch
 
 import models
-from test_artifacts import closed_form, strict_json, validate_schema
-from test_merge import config_text
+from helpers import closed_form, config_text, number, strict_json, validate_schema
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -15,100 +15,10 @@ import pytest
 import torch
 
 import models
+from helpers import DTYPE_OF, check_against_reference, config_text, inputs_of, no_nan_written, no_weights_written, stat_of, stats_by_path
 import reference as R
 
 BF16 = torch.bfloat16
-DTYPE_OF = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def config_text(
-    written,
-    agents: Sequence[str],
-    *,
-    method: str = "ramplus",
-    dtype: Optional[str] = "bfloat16",
-    out_dtype: Optional[str] = None,
-    parameters: str = "",
-    model_parameters: Optional[Dict[str, str]] = None,
-    base_in_models: bool = False,
-) -> str:
-    """A mergekit YAML config with absolute paths, written as a user would."""
-    lines = [f"merge_method: {method}", f"base_model: {written.path('base')}", "models:"]
-    if base_in_models:
-        lines.append(f"  - model: {written.path('base')}")
-    for agent in agents:
-        lines.append(f"  - model: {written.path(agent)}")
-        extra = (model_parameters or {}).get(agent)
-        if extra:
-            lines.append("    parameters:")
-            lines.append(f"      {extra}")
-    if dtype:
-        lines.append(f"dtype: {dtype}")
-    if out_dtype:
-        lines.append(f"out_dtype: {out_dtype}")
-    if parameters:
-        lines.append("parameters:")
-        lines.extend(f"  {line}" for line in parameters.strip().splitlines())
-    return "\n".join(lines) + "\n"
-
-
-def inputs_of(written, agents: Iterable[str], cast: Optional[torch.dtype] = None):
-    """Stored base and agents (as the files hold them), keyed by absolute path."""
-    base = written.stored("base")
-    agent_sds = {written.path(a): written.stored(a) for a in agents}
-    if cast is not None:
-        base = {k: v.to(cast) for k, v in base.items()}
-        agent_sds = {p: {k: v.to(cast) for k, v in sd.items()} for p, sd in agent_sds.items()}
-    return base, agent_sds
-
-
-def check_against_reference(
-    run, written, agents, *, eps=1e-5, r=0.1, alpha=2.0, rho=None, cast=None, out_dtype=BF16, merge_dtype=None
-):
-    """Every written tensor has out_dtype and equals the reference up to one rounding.
-
-    merge_dtype: mergekit merges in `dtype` and casts to `out_dtype` afterwards, so
-    with a narrower `dtype` the result is rounded once to it and widened exactly."""
-    base, agent_sds = inputs_of(written, agents, cast)
-    names = list(base)  # every stored tensor (a tied lm_head is not stored)
-    ref = R.reference_merge(base, agent_sds, eps, r, alpha, names=names, rho=rho)
-    mags = R.reference_magnitudes(base, agent_sds, names)
-    assert set(run.tensors) == set(names)
-    for name, tensor in run.tensors.items():
-        assert tensor.dtype == out_dtype, (name, tensor.dtype)
-    tensors = run.tensors
-    if merge_dtype is not None and merge_dtype.itemsize < out_dtype.itemsize:
-        tensors = {}
-        for name, tensor in run.tensors.items():
-            narrow = tensor.to(merge_dtype)
-            assert torch.equal(narrow.to(out_dtype), tensor), f"{name} is off the {merge_dtype} grid"
-            tensors[name] = narrow
-    R.assert_state_dict_matches(tensors, ref, mags)
-    return base, agent_sds, ref
-
-
-def stats_by_path(stats) -> Dict[str, tuple]:
-    return {str(k): (s.active, s.shared, s.unique) for k, s in stats.items()}
-
-
-def stat_of(run, path: str):
-    """The pre-pass AgentStats of one model (keys are mergekit ModelReferences)."""
-    return next(s for k, s in run.stats.items() if str(k) == path)
-
-
-def no_nan_written(out_dir) -> None:
-    for f in out_dir.glob("*.safetensors"):
-        for name, t in models.load_checkpoint(out_dir).items():
-            assert not torch.isnan(t).any(), f"NaN written to {f.name}:{name}"
-
-
-def no_weights_written(out_dir) -> None:
-    assert not list(out_dir.glob("*.safetensors")), sorted(p.name for p in out_dir.iterdir())
-
-
 @pytest.fixture(scope="module", autouse=True)
 def input_snapshot(qwen_bf16, llama_tied, llama_sharded, qwen_fp32):
     """Every input folder's files (size, mtime) before this module runs."""

@@ -27,8 +27,8 @@ import torch
 from safetensors.torch import save_file
 
 import models
+from helpers import check_against_reference, config_text, stats_by_path
 import reference as R
-from test_merge import check_against_reference, config_text, stats_by_path
 
 LOGGER = "mergekit_ram"
 

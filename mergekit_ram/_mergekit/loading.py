@@ -52,8 +52,9 @@ def install() -> str:
             from mergekit.io.lazy_tensor_loader import LazyTensorLoader
             from mergekit.io.tasks import LoadTensor
 
-            _divert(LazyTensorLoader, "get_tensor", _get_tensor)
-            _divert(LoadTensor, "_load_converted_tensor", _load_converted_tensor)
+            # looked up at call time, so the replacement is this module's current function
+            _divert(LazyTensorLoader, "get_tensor", lambda *a, **k: _get_tensor(*a, **k))
+            _divert(LoadTensor, "_load_converted_tensor", lambda *a, **k: _load_converted_tensor(*a, **k))
             _status = ""
     except Exception as error:  # never let a speed-up break a merge
         _status = f"could not inspect mergekit's loader: {error!r}"

@@ -115,7 +115,7 @@ BREAKERS = {
         m.setattr(config_checks, "check_config", _raises),
         m.setattr(input_checks, "check_input_files", _raises),
     ),
-    "fast-loading-raises": lambda m, _t: (m.setattr(loading, "install", _raises), m.setattr(loading, "_fast", _raises)),
+    "fast-loading-raises": lambda m, _t: m.setattr(loading, "install", _raises),
     "card-section-raises": lambda m, _t: m.setattr(report, "card_section", _raises),
     "stats-writer-raises": lambda m, _t: m.setattr(planning, "write_statistics", _raises),
 }

@@ -1,0 +1,211 @@
+"""Helpers shared by the test modules: configs as a user writes them, reference checks, schema checks.
+
+Test modules import from here (and from `models`, `reference`), never from each other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from importlib.metadata import version
+from pathlib import Path
+from typing import Dict, Iterable, Optional, Sequence
+
+import torch
+
+import models
+import reference as R
+
+BF16 = torch.bfloat16
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+DTYPE_OF = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def config_text(
+    written,
+    agents: Sequence[str],
+    *,
+    method: str = "ramplus",
+    dtype: Optional[str] = "bfloat16",
+    out_dtype: Optional[str] = None,
+    parameters: str = "",
+    model_parameters: Optional[Dict[str, str]] = None,
+    base_in_models: bool = False,
+) -> str:
+    """A mergekit YAML config with absolute paths, written as a user would."""
+    lines = [f"merge_method: {method}", f"base_model: {written.path('base')}", "models:"]
+    if base_in_models:
+        lines.append(f"  - model: {written.path('base')}")
+    for agent in agents:
+        lines.append(f"  - model: {written.path(agent)}")
+        extra = (model_parameters or {}).get(agent)
+        if extra:
+            lines.append("    parameters:")
+            lines.append(f"      {extra}")
+    if dtype:
+        lines.append(f"dtype: {dtype}")
+    if out_dtype:
+        lines.append(f"out_dtype: {out_dtype}")
+    if parameters:
+        lines.append("parameters:")
+        lines.extend(f"  {line}" for line in parameters.strip().splitlines())
+    return "\n".join(lines) + "\n"
+
+
+def inputs_of(written, agents: Iterable[str], cast: Optional[torch.dtype] = None):
+    """Stored base and agents (as the files hold them), keyed by absolute path."""
+    base = written.stored("base")
+    agent_sds = {written.path(a): written.stored(a) for a in agents}
+    if cast is not None:
+        base = {k: v.to(cast) for k, v in base.items()}
+        agent_sds = {p: {k: v.to(cast) for k, v in sd.items()} for p, sd in agent_sds.items()}
+    return base, agent_sds
+
+
+def check_against_reference(
+    run, written, agents, *, eps=1e-5, r=0.1, alpha=2.0, rho=None, cast=None, out_dtype=BF16, merge_dtype=None
+):
+    """Every written tensor has out_dtype and equals the reference up to one rounding.
+
+    merge_dtype: mergekit merges in `dtype` and casts to `out_dtype` afterwards, so
+    with a narrower `dtype` the result is rounded once to it and widened exactly."""
+    base, agent_sds = inputs_of(written, agents, cast)
+    names = list(base)  # every stored tensor (a tied lm_head is not stored)
+    ref = R.reference_merge(base, agent_sds, eps, r, alpha, names=names, rho=rho)
+    mags = R.reference_magnitudes(base, agent_sds, names)
+    assert set(run.tensors) == set(names)
+    for name, tensor in run.tensors.items():
+        assert tensor.dtype == out_dtype, (name, tensor.dtype)
+    tensors = run.tensors
+    if merge_dtype is not None and merge_dtype.itemsize < out_dtype.itemsize:
+        tensors = {}
+        for name, tensor in run.tensors.items():
+            narrow = tensor.to(merge_dtype)
+            assert torch.equal(narrow.to(out_dtype), tensor), f"{name} is off the {merge_dtype} grid"
+            tensors[name] = narrow
+    R.assert_state_dict_matches(tensors, ref, mags)
+    return base, agent_sds, ref
+
+
+def stats_by_path(stats) -> Dict[str, tuple]:
+    return {str(k): (s.active, s.shared, s.unique) for k, s in stats.items()}
+
+
+def stat_of(run, path: str):
+    """The pre-pass AgentStats of one model (keys are mergekit ModelReferences)."""
+    return next(s for k, s in run.stats.items() if str(k) == path)
+
+
+def no_nan_written(out_dir) -> None:
+    for f in out_dir.glob("*.safetensors"):
+        for name, t in models.load_checkpoint(out_dir).items():
+            assert not torch.isnan(t).any(), f"NaN written to {f.name}:{name}"
+
+
+def no_weights_written(out_dir) -> None:
+    assert not list(out_dir.glob("*.safetensors")), sorted(p.name for p in out_dir.iterdir())
+
+
+AGENT_KEYS = {
+    "model", "identity", "active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel",
+    "density", "unique_share", "shared_with_1_share", "shared_with_2plus_share", "rho_counted", "rho",
+    "rho_source", "lambda",
+}
+
+
+# ---------------------------------------------------------------- closed form
+
+
+def closed_form(family: models.Family, merged, epsilon: float = 1e-5):
+    """From the region sizes alone: per agent (active, unique, pair) per tensor, and totals
+    with shared = active - unique, shared_with_1 = pair (exactly one other agent)."""
+    per_tensor: Dict[str, Dict[str, list]] = {}
+    for name, regions in family.regions.items():
+        row = {a: [0, 0, 0] for a in merged}
+        for region, members in models.REGIONS.items():
+            size = regions[region].numel()
+            on = [a for a in merged if a in members and models.magnitude_of(members[a]) > epsilon]
+            for a in on:
+                row[a][0] += size
+                row[a][1] += size if len(on) == 1 else 0
+                row[a][2] += size if len(on) == 2 else 0
+        per_tensor[name] = row
+    numel = sum(t.numel() for t in family.base.values())
+    totals = {}
+    for a in merged:
+        active = sum(r[a][0] for r in per_tensor.values())
+        unique = sum(r[a][1] for r in per_tensor.values())
+        pair = sum(r[a][2] for r in per_tensor.values())
+        rho = (active - unique) / unique if unique else math.inf
+        totals[a] = dict(
+            active=active, unique=unique, shared=active - unique, shared_with_1=pair,
+            shared_with_2plus=active - unique - pair, numel=numel, density=active / numel, rho=rho,
+        )
+    return per_tensor, totals
+
+
+def strict_json(text: str):
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def read_stats(out: Path) -> dict:
+    return strict_json((out / "ram_stats.json").read_text(encoding="utf-8"))
+
+
+def number(value):
+    """A JSON rho/lambda back to a float ("inf" is the documented spelling of infinity)."""
+    return math.inf if value == "inf" else value
+
+
+def validate_schema(report: dict, *, counted: bool = True) -> None:
+    """The schema documented in mergekit_ram/report.py (format_version 1)."""
+    assert report["format"] == "mergekit-ram/ram_stats"
+    assert report["format_version"] == 1
+    assert report["method"] == "ramplus"
+    params = report["parameters"]
+    assert set(params) == {"epsilon", "r", "alpha", "rho_scope", "lambda_rule"}
+    assert all(isinstance(params[k], (int, float)) and params[k] >= 0 for k in ("epsilon", "r", "alpha"))
+    assert params["rho_scope"] in ("model", "layer", "tensor")
+    assert params["lambda_rule"] in ("clip", "soft")
+    assert isinstance(report["per_tensor_parameters"], dict)
+    assert report["statistics"] in ("computed", "cache", "not computed")
+    assert report["versions"] == {
+        "mergekit": version("mergekit"), "mergekit-ram": version("mergekit-ram"), "torch": version("torch"),
+    }
+    assert isinstance(report["base_model"]["model"], str)
+    assert HEX64.match(report["base_model"]["identity"]["content_id"])
+    assert report["agents"], "no agents"
+    for row in report["agents"]:
+        assert HEX64.match(row["identity"]["content_id"]), row["model"]
+        if counted:
+            assert set(row) == AGENT_KEYS, sorted(set(row) ^ AGENT_KEYS)
+            for key in ("active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel"):
+                assert isinstance(row[key], int) and row[key] >= 0, key
+            assert row["active"] == row["shared"] + row["unique"]
+            assert row["shared"] == row["shared_with_1"] + row["shared_with_2plus"]
+            for key in ("density", "unique_share", "shared_with_1_share", "shared_with_2plus_share"):
+                assert isinstance(row[key], float) and 0 <= row[key] <= 1, key
+            assert row["rho_source"] in ("counted", "given")
+            assert row["rho_counted"] == "inf" or isinstance(row["rho_counted"], float)
+        assert row["rho"] is None or row["rho"] == "inf" or isinstance(row["rho"], float)
+        assert row["lambda"] is None or isinstance(row["lambda"], float)
+    assert ("rho_by_group" in report) == (counted and params["rho_scope"] != "model")
+    for t in report["tensors"]:
+        assert set(t) == {"name", "numel", "epsilon", "counts"}
+        for row in t["counts"].values():
+            assert len(row) == 3 and all(isinstance(x, int) and 0 <= x <= t["numel"] for x in row), t["name"]
+    if not counted:
+        assert report["tensors"] == []
+
+
+# ---------------------------------------------------------------- ram_stats.json
+
+

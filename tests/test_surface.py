@@ -1,0 +1,70 @@
+"""The one guard over mergekit's surface: empty on the supported mergekit, precise when something changed."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+from mergekit_ram._mergekit import surface
+
+
+def test_installed_mergekit_has_every_name():
+    assert surface.problems() == []
+
+
+def test_every_kind_of_name_is_resolved():
+    kinds = {name.kind for name in surface.NAMES}
+    assert kinds == {"object", "field", "annotation", "source"}
+    for name in surface.NAMES:
+        assert surface.resolve(name) is not None, name.label
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        (surface.Name("mergekit.plan", "MergePlanner._no_such_method", surface.PREPASS), "is gone"),
+        (surface.Name("mergekit.no_such_module", "thing", surface.PREPASS), "is gone"),
+        (
+            surface.Name("mergekit.merge_methods.task_adapter", "ExecuteMergeMethodTask.no_field", surface.PREPASS,
+                         "field"),
+            "no such task field",
+        ),
+        (surface.Name("mergekit.plan", "MergePlanner._no_attribute", surface.PREPASS, "annotation"), "no such attribute"),
+        (
+            surface.Name("mergekit.io.lazy_tensor_loader", "LazyTensorLoader.get_tensor", surface.LOADING, "source",
+                         "0000000000000000"),
+            "changed (source",
+        ),
+    ],
+)
+def test_a_changed_name_is_reported_by_name(monkeypatch, name, words):
+    monkeypatch.setattr(surface, "NAMES", (*surface.NAMES, name))
+    found = surface.problems(name.needed_for)
+    assert len(found) == 1 and found[0].startswith(name.label) and words in found[0], found
+    with pytest.raises(surface.IncompatibleMergekit, match=name.label.replace(".", r"\.")):
+        surface.check(name.needed_for)
+
+
+def test_problems_are_grouped_by_what_needs_them(monkeypatch):
+    broken = surface.Name("mergekit.plan", "MergePlanner._gone", surface.LOADING)
+    monkeypatch.setattr(surface, "NAMES", (*surface.NAMES, broken))
+    assert surface.problems(surface.PREPASS) == []
+    assert len(surface.problems(surface.LOADING)) == 1
+
+
+@pytest.mark.parametrize("found", ["0.2.0", "0.1.4", "1.0.0"])
+def test_an_unsupported_version_is_named(monkeypatch, found):
+    monkeypatch.setattr(importlib.metadata, "version", lambda _name: found)
+    problems = surface.problems(surface.PUBLIC)
+    assert problems and f"mergekit {found} is installed" in problems[0] and surface.SUPPORTED_TEXT in problems[0]
+
+
+def test_source_hashes_are_of_mergekits_originals_even_when_diverted():
+    """`loading` wraps two of the hashed functions: the guard hashes what they wrap."""
+    from mergekit_ram._mergekit import loading
+
+    loading.install()
+    for name in surface.NAMES:
+        if name.kind == "source":
+            assert surface.fingerprint(surface.resolve(name)) == name.sha, name.label
