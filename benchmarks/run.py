@@ -341,8 +341,10 @@ def sources_digest() -> str:
 
     digest = hashlib.sha256()
     folder = Path(mergekit_ram.__file__).parent
-    for f in sorted([*folder.glob("*.py"), *folder.glob("*.c")]):
-        digest.update(f.name.encode() + f.read_bytes())
+    for f in sorted([*folder.rglob("*.py"), *folder.rglob("*.c")]):
+        if "__pycache__" in f.parts:
+            continue
+        digest.update(f.relative_to(folder).as_posix().encode() + f.read_bytes())
     return digest.hexdigest()[:16]
 
 

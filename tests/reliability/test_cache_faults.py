@@ -4,7 +4,7 @@ full disk while writing one, and inputs rewritten behind its back.
 Decided behaviour: the cache can only ever save time. An entry that is not exactly what
 this user's mergekit-ram wrote for these inputs is ignored with a warning naming it and
 recomputed; a cache that cannot be written is a warning; every merge equals a fresh
-count's (the float64 reference). Older cases counted here: tests/test_statistics_cache.py
+count's (the float64 reference). Older cases counted here: tests/test_cache.py
 (eleven kinds of corrupt, truncated and foreign-version entries, inconsistent entries,
 two processes and four threads sharing one cache, an unwritable cache folder, an agent
 rewritten in place with its mtime restored).

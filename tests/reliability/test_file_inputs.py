@@ -7,7 +7,7 @@ header entry lies), raised before mergekit opens it; a folder mergekit cannot us
 error naming it; a pickle that names anything but tensors is refused without being
 unpickled (mergekit 0.1.5 has no opt-in for arbitrary pickles: it loads with
 weights_only=True or its restricted lazy unpickler); everything else merges and equals
-the reference. Older cases counted here: tests/test_artifacts.py (output folder equal to,
+the reference. Older cases counted here: tests/test_report.py (output folder equal to,
 inside, or a symlink to an input).
 """
 

@@ -3,9 +3,9 @@
 Decided behaviour: any value that is not a number in range (r and alpha at most 1000;
 epsilon any finite number >= 0; rho any number >= 0, inf included) is an error naming the
 parameter, before any tensor is read. A huge epsilon or rho is a valid request and merges
-as the reference says. Older cases counted here: tests/test_merge.py (epsilon -1e-5 and
+as the reference says. Older cases counted here: tests/test_method.py (epsilon -1e-5 and
 NaN, r -0.1 and inf, alpha -2 and inf, rho -1, no base model, two base models, base also
-listed as an agent, rho for some agents only) and tests/test_artifacts.py (typos,
+listed as an agent, rho for some agents only) and tests/test_report.py (typos,
 misplaced shared parameters).
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from reliability.conftest import config_yaml, forbid_count, inputs, no_weights
 
-# (parameter, value) pairs already in tests/test_merge.py, not repeated here
+# (parameter, value) pairs already in tests/test_method.py, not repeated here
 ELSEWHERE = {
     ("epsilon", -1e-5),
     ("epsilon", "nan"),

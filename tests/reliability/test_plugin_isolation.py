@@ -4,7 +4,7 @@ still run and give exactly mergekit's own results.
 mergekit's own results come from one fresh interpreter with the plugin switched off
 (`MERGEKIT_RAM_DISABLE=1`); each broken variant then merges in this process, with the
 plugin loaded, and must give the same bytes. Older cases counted here:
-tests/test_startup.py (unimportable or raising registration, an incompatible mergekit,
+tests/test_finder.py (unimportable or raising registration, an incompatible mergekit,
 another plugin owning the name `ramplus`).
 """
 

@@ -4,7 +4,7 @@ tensors, degenerate agent sets (identical agents, no unique entries, 1 and 20 ag
 Decided behaviour: NaN/Inf anywhere, a shape mismatch, an integer (quantized) tensor
 where the base holds floats, and a missing tensor are errors naming tensor and model,
 raised before a weight file is written; everything else merges and equals the float64
-reference. Older cases counted here: tests/test_merge.py (1 agent, an agent without
+reference. Older cases counted here: tests/test_method.py (1 agent, an agent without
 unique entries, an agent identical to the base, NaN in an agent), tests/test_kernel.py
 (zero-element tensors, 300 agents), tests/test_api.py (integer buffers).
 """
