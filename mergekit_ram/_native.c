@@ -120,6 +120,126 @@ static inline void store_f16(_Float16 *p, int64_t i, float x) { p[i] = (_Float16
         return bad;                                                                    \
     }
 
+/* Ordered integer keys: adjacent floats of one dtype have keys one apart (+0 and -0 both 0). */
+static inline int64_t key_f32(const float *p, int64_t i) {
+    uint32_t u;
+    memcpy(&u, p + i, 4);
+    return (u & 0x80000000u) ? -(int64_t)(u & 0x7fffffffu) : (int64_t)u;
+}
+static inline int64_t key_bf16(const uint16_t *p, int64_t i) {
+    uint16_t u = p[i];
+    return (u & 0x8000u) ? -(int64_t)(u & 0x7fffu) : (int64_t)u;
+}
+static inline int64_t key_f16(const _Float16 *p, int64_t i) {
+    uint16_t u;
+    memcpy(&u, p + i, 2);
+    return (u & 0x8000u) ? -(int64_t)(u & 0x7fffu) : (int64_t)u;
+}
+
+/* The statistics pass with diagnostics: the counts of count_*, plus
+ *   ints[4n]  per agent: active, unique, pair, single-step (changed by one step of T)
+ *   ints[2P]  per pair i<j (row-major): entries both changed, of those with the same sign
+ *   sums[2n]  per agent: sum |tau| over its unique entries, over its shared entries
+ *   sums[3P]  per pair: sum tau_i tau_j, sum tau_i^2, sum tau_j^2 over the common entries
+ * Products and sums in double: each product of two float32 deltas is exact. */
+#define DEFINE_DIAGNOSE(NAME, T)                                                       \
+    int diagnose_##NAME(const T *base, const T *const *agents, int n, float eps,       \
+                        int64_t len, int64_t *ints, double *sums) {                    \
+        float b[BLOCK];                                                                \
+        int64_t kb[BLOCK];                                                             \
+        uint8_t hits[BLOCK];                                                           \
+        uint8_t *mask = malloc((size_t)n * BLOCK);                                     \
+        float *delta = malloc((size_t)n * BLOCK * sizeof(float));                      \
+        int64_t *pint = ints + 4 * n;                                                  \
+        double *psum = sums + 2 * n;                                                   \
+        int bad = 0;                                                                   \
+        if (!mask || !delta) {                                                         \
+            free(mask);                                                                \
+            free(delta);                                                               \
+            return -1;                                                                 \
+        }                                                                              \
+        for (int64_t s = 0; s < len; s += BLOCK) {                                     \
+            int k = (len - s) < BLOCK ? (int)(len - s) : BLOCK;                        \
+            for (int i = 0; i < k; i++) {                                              \
+                b[i] = load_##NAME(base, s + i);                                       \
+                kb[i] = key_##NAME(base, s + i);                                       \
+                hits[i] = 0;                                                           \
+            }                                                                          \
+            for (int t = 0; t < n; t++) {                                              \
+                const T *a = agents[t] + s;                                            \
+                uint8_t *m = mask + (size_t)t * BLOCK;                                 \
+                float *d = delta + (size_t)t * BLOCK;                                  \
+                int64_t single = 0;                                                    \
+                for (int i = 0; i < k; i++) {                                          \
+                    d[i] = load_##NAME(a, i) - b[i];                                   \
+                    float ad = fabsf(d[i]);                                            \
+                    bad |= !(ad <= FLT_MAX);                                           \
+                    m[i] = ad > eps;                                                   \
+                    hits[i] += m[i];                                                   \
+                    int64_t gap = key_##NAME(a, i) - kb[i];                            \
+                    single += m[i] & ((gap == 1) | (gap == -1));                       \
+                }                                                                      \
+                ints[4 * t + 3] += single;                                             \
+            }                                                                          \
+            for (int t = 0; t < n; t++) {                                              \
+                const uint8_t *m = mask + (size_t)t * BLOCK;                           \
+                const float *d = delta + (size_t)t * BLOCK;                            \
+                int64_t act = 0, uni = 0, pair = 0;                                    \
+                double alone = 0.0, shared = 0.0;                                      \
+                for (int i = 0; i < k; i++) {                                          \
+                    act += m[i];                                                       \
+                    uni += m[i] & (hits[i] == 1);                                      \
+                    pair += m[i] & (hits[i] == 2);                                     \
+                    if (m[i]) {                                                        \
+                        double ad = fabs((double)d[i]);                                \
+                        if (hits[i] == 1)                                              \
+                            alone += ad;                                               \
+                        else                                                           \
+                            shared += ad;                                              \
+                    }                                                                  \
+                }                                                                      \
+                ints[4 * t] += act;                                                    \
+                ints[4 * t + 1] += uni;                                                \
+                ints[4 * t + 2] += pair;                                               \
+                sums[2 * t] += alone;                                                  \
+                sums[2 * t + 1] += shared;                                             \
+            }                                                                          \
+            int p = 0;                                                                 \
+            for (int x = 0; x < n; x++) {                                              \
+                for (int y = x + 1; y < n; y++, p++) {                                 \
+                    const uint8_t *mx = mask + (size_t)x * BLOCK;                      \
+                    const uint8_t *my = mask + (size_t)y * BLOCK;                      \
+                    const float *dx = delta + (size_t)x * BLOCK;                       \
+                    const float *dy = delta + (size_t)y * BLOCK;                       \
+                    int64_t common = 0, same = 0;                                      \
+                    double dot = 0.0, sx = 0.0, sy = 0.0;                              \
+                    for (int i = 0; i < k; i++) {                                      \
+                        if (mx[i] & my[i]) {                                           \
+                            double u = dx[i], v = dy[i];                               \
+                            common++;                                                  \
+                            same += (u * v) > 0.0;                                     \
+                            dot += u * v;                                              \
+                            sx += u * u;                                               \
+                            sy += v * v;                                               \
+                        }                                                              \
+                    }                                                                  \
+                    pint[2 * p] += common;                                             \
+                    pint[2 * p + 1] += same;                                           \
+                    psum[3 * p] += dot;                                                \
+                    psum[3 * p + 1] += sx;                                             \
+                    psum[3 * p + 2] += sy;                                             \
+                }                                                                      \
+            }                                                                          \
+        }                                                                              \
+        free(mask);                                                                    \
+        free(delta);                                                                   \
+        return bad;                                                                    \
+    }
+
+DEFINE_DIAGNOSE(f32, float)
+DEFINE_DIAGNOSE(bf16, uint16_t)
+DEFINE_DIAGNOSE(f16, _Float16)
+
 DEFINE_COUNT(f32, float)
 DEFINE_COUNT(bf16, uint16_t)
 DEFINE_COUNT(f16, _Float16)

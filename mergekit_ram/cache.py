@@ -28,7 +28,7 @@ from mergekit_ram import files
 
 LOG = logging.getLogger("mergekit_ram")
 
-FORMAT = 2
+FORMAT = 3  # 3: counts with diagnostics (entries of format 2 have another key: recounted)
 _OFF = {"off", "0", "false", "no", "none", ""}
 
 
@@ -153,3 +153,23 @@ def _validate(agents: Any, tensors: Iterable) -> None:
         for row in counts.values():
             if len(row) != 3 or not all(isinstance(x, int) and 0 <= x <= numel for x in row):
                 raise ValueError(f"malformed counts for {name}")
+        _validate_diagnostics(name, numel, agents, item.get("diagnostics"))
+
+
+def _validate_diagnostics(name: str, numel: int, agents: list, found: Any) -> None:
+    if found is None:
+        return
+    if set(found["single"]) != set(agents) or set(found["magnitude"]) != set(agents):
+        raise ValueError(f"diagnostics of {name} do not name the entry's agents")
+    if not all(isinstance(x, int) and 0 <= x <= numel for x in found["single"].values()):
+        raise ValueError(f"malformed diagnostics for {name}")
+    numbers = [x for pair in found["magnitude"].values() for x in pair]
+    if len(found["pairs"]) != len(agents) * (len(agents) - 1) // 2:
+        raise ValueError(f"diagnostics of {name} miss a pair of agents")
+    for row in found["pairs"]:
+        a, b, common, same, *sums = row
+        if a not in agents or b not in agents or not (0 <= same <= common <= numel) or len(sums) != 3:
+            raise ValueError(f"malformed pair diagnostics for {name}")
+        numbers.extend(sums)
+    if not all(isinstance(x, (int, float)) and x == x and abs(x) != float("inf") for x in numbers):
+        raise ValueError(f"malformed diagnostics for {name}")

@@ -145,6 +145,11 @@ def _inspect(
     print(tables.format_table(totals.values(), chosen["r"], chosen["alpha"], chosen["lambda_rule"], labels))
     base = found["base_model"]["model"]
     print(f"base: {base}; {sum(t.numel for t in stats.tensors):,} parameters in {len(stats.tensors)} tensors")
+    if stats.has_diagnostics:
+        print()
+        print("Diagnostics (share of each agent's update sum |tau| in its unique entries, changes of one dtype step;")
+        print("per pair: entries both changed, the share with the same sign, cosine of the updates there):")
+        print(tables.format_diagnostics(totals.values(), stats.pair_totals(), labels))
     for agent, s in totals.items():
         if s.density > DENSE:
             print(

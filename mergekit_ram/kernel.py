@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -105,6 +106,117 @@ def count(
         totals[:, 2] += (mk & (hk == 2)).sum(dim=1)
     _check_finite(peaks, base, agents, names, tensor_name, base_name)
     return totals
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What one statistics pass over a tensor finds, beyond the counts (see `diagnose`).
+
+    counts [N, 3]: active, unique, pair (as `count`); single [N]: active entries that are one
+    step of the tensor's dtype away from the base; magnitude [N, 2]: sum of |tau| over the
+    agent's unique and over its shared entries; pair_counts [P, 2] for each pair i < j (row
+    major): entries both changed, of those with the same sign; pair_sums [P, 3]: sum tau_i tau_j,
+    sum tau_i^2, sum tau_j^2 over those entries. Sums in float64.
+    """
+
+    counts: torch.Tensor
+    single: torch.Tensor
+    magnitude: torch.Tensor
+    pair_counts: torch.Tensor
+    pair_sums: torch.Tensor
+
+
+def pairs(n: int) -> list[tuple[int, int]]:
+    """The agent pairs i < j in the order `diagnose` reports them."""
+    return [(i, j) for i in range(n) for j in range(i + 1, n)]
+
+
+@torch.no_grad()
+def diagnose(
+    base: torch.Tensor,
+    agents: Sequence[torch.Tensor],
+    epsilon: float,
+    *,
+    names: Sequence[str] | None = None,
+    tensor_name: str | None = None,
+    base_name: str | None = None,
+    chunk: int | None = None,
+) -> Diagnosis:
+    """`count`, plus how the agents' updates relate: one pass, the same masks.
+
+    Tells apart agents whose shared entries are rounding-level noise (one step of the
+    dtype, small share of |tau|) from agents that share a real update (same sign,
+    cosine near 1), and from conflicting ones (opposite signs).
+    """
+    _check_shapes(base, agents, names, tensor_name)
+    n, p = len(agents), len(agents) * (len(agents) - 1) // 2
+    if chunk is None and n and base.numel() and native.supports(base, agents):
+        ints, sums, bad = native.diagnose(base, agents, epsilon)
+        if bad:
+            _raise_non_finite(base, agents, names, tensor_name, base_name)
+        per = ints[: 4 * n].view(n, 4)
+        return Diagnosis(
+            counts=per[:, :3].clone(),
+            single=per[:, 3].clone(),
+            magnitude=sums[: 2 * n].view(n, 2).clone(),
+            pair_counts=ints[4 * n :].view(p, 2).clone(),
+            pair_sums=sums[2 * n :].view(p, 3).clone(),
+        )
+    device = base.device
+    counts = torch.zeros(n, 3, dtype=torch.int64, device=device)
+    single = torch.zeros(n, dtype=torch.int64, device=device)
+    magnitude = torch.zeros(n, 2, dtype=torch.float64, device=device)
+    pair_counts = torch.zeros(p, 2, dtype=torch.int64, device=device)
+    pair_sums = torch.zeros(p, 3, dtype=torch.float64, device=device)
+    if n == 0 or base.numel() == 0:
+        return Diagnosis(counts, single, magnitude, pair_counts, pair_sums)
+    promoted = _promoted(base, agents)
+    cdtype = _compute_dtype(base, agents)
+    flat_base, flat_agents = base.reshape(-1), [a.reshape(-1) for a in agents]
+    step = _chunk(base, chunk)
+    peaks = torch.zeros(n, dtype=cdtype, device=device)
+    for start in range(0, base.numel(), step):
+        stop = min(start + step, base.numel())
+        b = flat_base[start:stop].to(cdtype)
+        kb = _keys(flat_base[start:stop].to(promoted))
+        deltas = torch.stack([a[start:stop].to(cdtype) - b for a in flat_agents])
+        peaks = torch.maximum(peaks, deltas.abs().amax(dim=1))
+        masks = deltas.abs() > epsilon
+        hits = masks.sum(dim=0)
+        counts[:, 0] += masks.sum(dim=1)
+        counts[:, 1] += (masks & (hits == 1)).sum(dim=1)
+        counts[:, 2] += (masks & (hits == 2)).sum(dim=1)
+        for t, a in enumerate(flat_agents):
+            gap = _keys(a[start:stop].to(promoted)) - kb
+            single[t] += (masks[t] & (gap.abs() == 1)).sum()
+        wide = deltas.to(torch.float64).abs()
+        magnitude[:, 0] += (wide * (masks & (hits == 1))).sum(dim=1)
+        magnitude[:, 1] += (wide * (masks & (hits >= 2))).sum(dim=1)
+        for k, (i, j) in enumerate(pairs(n)):
+            both = masks[i] & masks[j]
+            u, v = deltas[i][both].to(torch.float64), deltas[j][both].to(torch.float64)
+            pair_counts[k, 0] += both.sum()
+            pair_counts[k, 1] += (u * v > 0).sum()
+            pair_sums[k, 0] += (u * v).sum()
+            pair_sums[k, 1] += (u * u).sum()
+            pair_sums[k, 2] += (v * v).sum()
+    _check_finite(peaks, base, agents, names, tensor_name, base_name)
+    return Diagnosis(counts, single, magnitude, pair_counts, pair_sums)
+
+
+_KEY_VIEWS = {
+    torch.float64: (torch.int64, (1 << 63) - 1),
+    torch.float32: (torch.int32, 0x7FFFFFFF),
+    torch.bfloat16: (torch.int16, 0x7FFF),
+    torch.float16: (torch.int16, 0x7FFF),
+}
+
+
+def _keys(values: torch.Tensor) -> torch.Tensor:
+    """Ordered integer keys: adjacent floats of one dtype have keys one apart (+0 and -0 both 0)."""
+    view, magnitude = _KEY_VIEWS[values.dtype]
+    bits = values.view(view).to(torch.int64)
+    return torch.where(bits < 0, -(bits & magnitude), bits)
 
 
 @torch.no_grad()

@@ -105,6 +105,36 @@ def count(base: torch.Tensor, agents: Sequence[torch.Tensor], epsilon: float) ->
     return sum(results[1:], results[0]), any(b != 0 for b in bad)
 
 
+def diagnose(base: torch.Tensor, agents: Sequence[torch.Tensor], epsilon: float) -> tuple:
+    """(int64 [4N + 2P] counts, float64 [2N + 3P] sums, any_non_finite): see `diagnose_*` in _native.c."""
+    lib, name = library(), _NAMES[base.dtype]
+    n, pairs = len(agents), len(agents) * (len(agents) - 1) // 2
+    base, agents = _flat(base), [_flat(a) for a in agents]
+    pointers = (ctypes.c_void_p * n)(*[a.data_ptr() for a in agents])
+    parts = _ranges(base.numel())
+    ints = [torch.zeros(4 * n + 2 * pairs, dtype=torch.int64) for _ in parts]
+    sums = [torch.zeros(2 * n + 3 * pairs, dtype=torch.float64) for _ in parts]
+    size = base.element_size()
+
+    def run(i):
+        start, stop = parts[i]
+        shifted = (ctypes.c_void_p * n)(*[p + start * size for p in pointers])
+        return getattr(lib, f"diagnose_{name}")(
+            base.data_ptr() + start * size,
+            shifted,
+            n,
+            ctypes.c_float(epsilon),
+            stop - start,
+            ints[i].data_ptr(),
+            sums[i].data_ptr(),
+        )
+
+    bad = _map(run, len(parts))
+    if any(b < 0 for b in bad):
+        raise MemoryError("mergekit-ram: the native kernel could not allocate its scratch buffers")
+    return sum(ints[1:], ints[0]), sum(sums[1:], sums[0]), any(b != 0 for b in bad)
+
+
 def merge(base, agents, lambdas, epsilon: float, out: torch.Tensor) -> bool:
     """Write Eq. 7 into `out` (contiguous, CPU); returns any_non_finite."""
     lib = library()
@@ -154,6 +184,7 @@ def _declare(lib):
     int64, vp, fl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     for src in _NAMES.values():
         getattr(lib, f"count_{src}").argtypes = [vp, vp, ctypes.c_int, fl, int64, vp]
+        getattr(lib, f"diagnose_{src}").argtypes = [vp, vp, ctypes.c_int, fl, int64, vp, vp]
         for dst in _NAMES.values():
             getattr(lib, f"merge_{src}_{dst}").argtypes = [vp, vp, ctypes.c_int, vp, fl, int64, vp]
     return lib

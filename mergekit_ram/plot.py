@@ -12,7 +12,8 @@ from mergekit_ram.statistics import Statistics
 
 
 def heatmap(stats: Statistics, path: Path, labels: Mapping[str, str] | None = None) -> Path:
-    """Write a PNG with two heat maps (density, unique share), one row per layer."""
+    """Write a PNG with two heat maps (density, unique share), one row per layer; with diagnostics,
+    two pairwise agent x agent maps beside them (same-sign share and cosine over common entries)."""
     try:
         import matplotlib
 
@@ -34,8 +35,10 @@ def heatmap(stats: Statistics, path: Path, labels: Mapping[str, str] | None = No
             unique[i][j] = 100 * s.shares[0]
     short = [(labels or {}).get(a, a) for a in agents]
     rows = [n.removeprefix("model.") for n in names]
-    height = 1.6 + 0.26 * len(rows)
-    fig, axes = plt.subplots(1, 2, figsize=(4.5 + 1.9 * len(agents), height), constrained_layout=True)
+    pairs = stats.pair_totals()
+    height = max(1.6 + 0.26 * len(rows), 2.5 + 0.5 * len(agents) if pairs else 0)
+    width = 4.5 + 1.9 * len(agents) + (2 * (2 + 0.6 * len(agents)) if pairs else 0)
+    fig, axes = plt.subplots(1, 4 if pairs else 2, figsize=(width, height), constrained_layout=True)
     for ax, data, title, cmap in (
         (axes[0], density, "density (% of weights changed)", "viridis"),
         (axes[1], unique, "unique share (% of changed weights)", "magma"),
@@ -57,8 +60,37 @@ def heatmap(stats: Statistics, path: Path, labels: Mapping[str, str] | None = No
                         color="white" if value < 60 else "black",
                     )
         fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.suptitle("RAM+ statistics per layer and agent", fontsize=11)
+    if pairs:
+        _pairwise(fig, axes[2:], pairs, agents, short)
+    fig.suptitle("RAM+ statistics per layer and agent" + (", and per pair of agents" if pairs else ""), fontsize=11)
     path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _pairwise(fig, axes, pairs, agents, short) -> None:
+    """Agent x agent maps of the same-sign share and the cosine over the entries both changed."""
+    index = {a: i for i, a in enumerate(agents)}
+    n = len(agents)
+    same = [[float("nan")] * n for _ in range(n)]
+    cosine = [[float("nan")] * n for _ in range(n)]
+    for p in pairs:
+        i, j = index[p.a], index[p.b]
+        if p.same_sign_share is not None:
+            same[i][j] = same[j][i] = 100 * p.same_sign_share
+        if p.cosine is not None:
+            cosine[i][j] = cosine[j][i] = p.cosine
+    for ax, data, title, low, high, fmt in (
+        (axes[0], same, "same sign (% of entries both changed)", 0, 100, "{:.0f}"),
+        (axes[1], cosine, "cosine over entries both changed", -1, 1, "{:.2f}"),
+    ):
+        image = ax.imshow(data, cmap="coolwarm", vmin=low, vmax=high)
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks(range(n), short, rotation=20, ha="right", fontsize=9)
+        ax.set_yticks(range(n), short, fontsize=9)
+        for i in range(n):
+            for j in range(n):
+                if data[i][j] == data[i][j]:
+                    ax.text(j, i, fmt.format(data[i][j]), ha="center", va="center", fontsize=8)
+        fig.colorbar(image, ax=ax, shrink=0.8)

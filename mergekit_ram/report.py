@@ -16,9 +16,17 @@ Both are built from the same report dict, so the card, the JSON and
   density, unique_share, shared_with_1_share, shared_with_2plus_share,
   rho_counted, rho (used), rho_source ("counted" or "given"), lambda.
   Infinite values are written as the string "inf".
+- diagnostics per agent (when counted, format_version 2): single_step (active entries one
+  step of the dtype from the base) and single_step_share; magnitude_unique, magnitude_shared
+  (sum of |tau| over its unique / shared entries) and magnitude_unique_share.
+- `pairs[]` (format_version 2): per pair of agents, `agents` [a, b], `common` (entries both
+  changed), `same_sign`, `same_sign_share` and `cosine` of the two task vectors over the
+  common entries (null when they have none).
 - `rho_by_group` (rho_scope layer/tensor): group -> agent -> rho.
 - `tensors[]`: name, numel, epsilon, counts {agent: [active, unique, pair]}
-  (pair = entries exactly one other agent changed too).
+  (pair = entries exactly one other agent changed too), and `diagnostics`: single
+  {agent: n}, magnitude {agent: [unique, shared]}, pairs [[a, b, common, same_sign,
+  sum tau_a tau_b, sum tau_a^2, sum tau_b^2]].
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from mergekit_ram import statistics, tables
 from mergekit_ram.session import Planned
 
 FORMAT = "mergekit-ram/ram_stats"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: diagnostics (per agent and `pairs`) added
 _PARAMETERS = ("epsilon", "r", "alpha", "rho_scope", "lambda_rule")
 PROJECT_URL = "https://pypi.org/project/mergekit-ram/"
 
@@ -70,6 +78,14 @@ def build(
                 shared_with_2plus_share=many_share,
                 rho_counted=_number(s.rho),
             )
+            if s.single is not None:
+                row.update(
+                    single_step=s.single,
+                    single_step_share=s.single_step_share,
+                    magnitude_unique=s.magnitude_unique,
+                    magnitude_shared=s.magnitude_shared,
+                    magnitude_unique_share=s.magnitude_unique_share,
+                )
         rho = given if given is not None else (s.rho if s is not None else None)
         row["rho"] = _number(rho)
         row["rho_source"] = "given" if given is not None else ("counted" if s is not None else None)
@@ -95,6 +111,16 @@ def build(
         out["rho_by_group"] = {
             g: {a: _number(v) for a, v in rhos.items()} for g, rhos in stats.rho(params["rho_scope"]).items()
         }
+    out["pairs"] = [
+        {
+            "agents": [p.a, p.b],
+            "common": p.common,
+            "same_sign": p.same_sign,
+            "same_sign_share": p.same_sign_share,
+            "cosine": p.cosine,
+        }
+        for p in (stats.pair_totals() if stats is not None else [])
+    ]
     out["tensors"] = stats.to_json() if stats is not None else []
     return out
 
@@ -164,6 +190,7 @@ def card_section(report: dict) -> str:
             "`ram_stats.json`); the table shows whole-model ρ and λ for reference."
         ),
         "",
+        *_diagnostics_section(report),
         "Inputs:",
         "",
         "| role | model | identity |",
@@ -176,6 +203,37 @@ def card_section(report: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _diagnostics_section(report: dict) -> list[str]:
+    rows = tables.diagnostic_rows(report)
+    if not rows:
+        return []
+    lines = [
+        "Diagnostics (which regime the agents are in):",
+        "",
+        "| agent | share of its update (Σ\\|τ\\|) in unique entries | changes of one dtype step |",
+        "|---|---|---|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+    ]
+    pairs = tables.pair_rows(report)
+    if pairs:
+        lines += [
+            "| agents | entries both changed | same sign | cosine over those entries |",
+            "|---|---|---|---|",
+            *("| " + " | ".join(row) + " |" for row in pairs),
+            "",
+        ]
+    lines += [
+        "At an entry two or more agents changed, RAM takes the mean of their updates and task arithmetic "
+        "(weight 1) their sum. Where the updates agree (same sign, cosine near 1) the sum counts a common "
+        "update once per agent and the mean once; where they are one-step changes of either sign (cosine "
+        "near 0), the mean shrinks them. These numbers describe the agents; they do not by themselves say "
+        "which method keeps more of their skills.",
+        "",
+    ]
+    return lines
 
 
 def _identity(identity: dict) -> str:

@@ -5,10 +5,18 @@ entries the agent changed, those no other agent changed, and those exactly
 one other agent changed. Everything else is a reduction of these counts: rho_t
 over the whole model (the paper's Eq. 2), per layer or per tensor (`rho_scope`),
 densities and overlap shares (the paper's Fig. 2), and lambda for any r, alpha.
+
+The same pass also yields diagnostics (`Diagnostics`): how much of each agent's
+update lies in its unique entries, how many of its changes are a single step of
+the dtype (rounding-level), and, per pair of agents, whether their common
+changes agree in sign and direction (`PairStats`). They tell apart agents whose
+overlap is noise, where RAM's mean halves real updates, from agents that share a
+common update, where summing counts it twice.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,10 +36,30 @@ class AgentStats:
     unique: int
     numel: int
     pair: int = 0
+    #: diagnostics (None when the counts came without them): active entries one step of the dtype from the
+    #: base, and the sum of |tau| over the agent's unique and over its shared entries
+    single: int | None = None
+    magnitude_unique: float | None = None
+    magnitude_shared: float | None = None
 
     @property
     def shared(self) -> int:
         return self.active - self.unique
+
+    @property
+    def single_step_share(self) -> float | None:
+        """Of the active entries, the share that is a single step of the dtype (rounding-level changes)."""
+        if self.single is None:
+            return None
+        return self.single / self.active if self.active else 0.0
+
+    @property
+    def magnitude_unique_share(self) -> float | None:
+        """Of the agent's whole update (sum of |tau| over its active entries), the share in its unique entries."""
+        if self.magnitude_unique is None or self.magnitude_shared is None:
+            return None
+        total = self.magnitude_unique + self.magnitude_shared
+        return self.magnitude_unique / total if total else 0.0
 
     @property
     def density(self) -> float:
@@ -63,13 +91,74 @@ def lambda_for(rho: float, r: float, alpha: float, rule: str = "clip") -> float:
 
 
 @dataclass(frozen=True)
+class PairStats:
+    """Two agents over a set of tensors: their common changed entries and how their updates relate there."""
+
+    a: str
+    b: str
+    common: int
+    same_sign: int
+    dot: float
+    square_a: float
+    square_b: float
+
+    @property
+    def same_sign_share(self) -> float | None:
+        return self.same_sign / self.common if self.common else None
+
+    @property
+    def cosine(self) -> float | None:
+        """Cosine of the two task vectors over their common changed entries."""
+        norm = math.sqrt(self.square_a) * math.sqrt(self.square_b)
+        return self.dot / norm if norm else None
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """The diagnostics of one tensor: agent -> single-step count, agent -> (sum |tau| unique, shared),
+    and per pair (a, b) in agent order: (common, same sign, sum tau_a tau_b, sum tau_a^2, sum tau_b^2)."""
+
+    single: Mapping[str, int]
+    magnitude: Mapping[str, tuple[float, float]]
+    pairs: Mapping[tuple[str, str], tuple[int, int, float, float, float]]
+
+    def to_json(self) -> dict:
+        return {
+            "single": dict(self.single),
+            "magnitude": {a: list(v) for a, v in self.magnitude.items()},
+            "pairs": [[a, b, *v] for (a, b), v in self.pairs.items()],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Diagnostics:
+        return cls(
+            {a: int(v) for a, v in data["single"].items()},
+            {a: (float(u), float(s)) for a, (u, s) in data["magnitude"].items()},
+            {(a, b): (int(c), int(same), float(d), float(x), float(y)) for a, b, c, same, d, x, y in data["pairs"]},
+        )
+
+    @classmethod
+    def from_kernel(cls, labels: Sequence[str], found: kernel.Diagnosis) -> Diagnostics:
+        ints, sums = found.pair_counts.tolist(), found.pair_sums.tolist()
+        return cls(
+            dict(zip(labels, found.single.tolist(), strict=True)),
+            {a: (u, s) for a, (u, s) in zip(labels, found.magnitude.tolist(), strict=True)},
+            {
+                (labels[i], labels[j]): (c, same, d, x, y)
+                for (i, j), (c, same), (d, x, y) in zip(kernel.pairs(len(labels)), ints, sums, strict=True)
+            },
+        )
+
+
+@dataclass(frozen=True)
 class TensorCounts:
-    """Counts of one merged tensor: agent -> (active, unique, pair)."""
+    """Counts of one merged tensor: agent -> (active, unique, pair), and its diagnostics if counted with them."""
 
     name: str
     numel: int
     counts: Mapping[str, tuple[int, int, int]]
     epsilon: float | None = None
+    diagnostics: Diagnostics | None = None
 
 
 def scope_group(tensor: str, scope: str) -> str:
@@ -93,16 +182,52 @@ class Statistics:
     tensors: list[TensorCounts] = field(default_factory=list)
 
     def totals(self, tensors: Iterable[TensorCounts] | None = None) -> dict[str, AgentStats]:
-        """Sum counts per agent over `tensors` (default: the whole model)."""
+        """Sum counts per agent over `tensors` (default: the whole model); diagnostics when every tensor has them."""
+        chosen = list(self.tensors if tensors is None else tensors)
         sums = {a: [0, 0, 0, 0] for a in self.agents}
-        for t in self.tensors if tensors is None else tensors:
+        for t in chosen:
             for agent, (act, uni, pair) in t.counts.items():
                 row = sums[agent]
                 row[0] += act
                 row[1] += uni
                 row[2] += pair
                 row[3] += t.numel
-        return {a: AgentStats(a, act, uni, numel, pair) for a, (act, uni, pair, numel) in sums.items()}
+        extra: dict[str, dict] = {a: {} for a in self.agents}
+        if chosen and all(t.diagnostics is not None for t in chosen):
+            for a in self.agents:
+                found = [t.diagnostics for t in chosen if t.diagnostics is not None]
+                extra[a] = {
+                    "single": sum(d.single[a] for d in found),
+                    "magnitude_unique": math.fsum(d.magnitude[a][0] for d in found),
+                    "magnitude_shared": math.fsum(d.magnitude[a][1] for d in found),
+                }
+        return {a: AgentStats(a, act, uni, numel, pair, **extra[a]) for a, (act, uni, pair, numel) in sums.items()}
+
+    @property
+    def has_diagnostics(self) -> bool:
+        return bool(self.tensors) and all(t.diagnostics is not None for t in self.tensors)
+
+    def pair_totals(self, tensors: Iterable[TensorCounts] | None = None) -> list[PairStats]:
+        """Every pair of agents over `tensors` (default: the whole model); empty without diagnostics."""
+        chosen = list(self.tensors if tensors is None else tensors)
+        if not chosen or any(t.diagnostics is None for t in chosen):
+            return []
+        out = []
+        for i, a in enumerate(self.agents):
+            for b in self.agents[i + 1 :]:
+                rows = [t.diagnostics.pairs[(a, b)] for t in chosen if t.diagnostics is not None]
+                out.append(
+                    PairStats(
+                        a,
+                        b,
+                        sum(r[0] for r in rows),
+                        sum(r[1] for r in rows),
+                        math.fsum(r[2] for r in rows),
+                        math.fsum(r[3] for r in rows),
+                        math.fsum(r[4] for r in rows),
+                    )
+                )
+        return out
 
     def groups(self, scope: str) -> dict[str, list[TensorCounts]]:
         out: dict[str, list[TensorCounts]] = {}
@@ -117,22 +242,31 @@ class Statistics:
         }
 
     def to_json(self) -> list[dict]:
-        return [
-            {
+        out = []
+        for t in self.tensors:
+            row = {
                 "name": t.name,
                 "numel": t.numel,
                 "epsilon": t.epsilon,
                 "counts": {a: list(c) for a, c in t.counts.items()},
             }
-            for t in self.tensors
-        ]
+            if t.diagnostics is not None:
+                row["diagnostics"] = t.diagnostics.to_json()
+            out.append(row)
+        return out
 
     @classmethod
     def from_json(cls, agents: Sequence[str], tensors: Iterable[dict]) -> Statistics:
         return cls(
             list(agents),
             [
-                TensorCounts(t["name"], t["numel"], {a: tuple(c) for a, c in t["counts"].items()}, t.get("epsilon"))
+                TensorCounts(
+                    t["name"],
+                    t["numel"],
+                    {a: tuple(c) for a, c in t["counts"].items()},
+                    t.get("epsilon"),
+                    Diagnostics.from_json(t["diagnostics"]) if t.get("diagnostics") is not None else None,
+                )
                 for t in tensors
             ],
         )

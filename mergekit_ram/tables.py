@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from mergekit_ram.statistics import AgentStats
+from mergekit_ram.statistics import AgentStats, PairStats
 
 
 def format_table(
@@ -69,6 +69,53 @@ def agent_rows(report: dict) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def diagnostic_rows(report: dict) -> list[list[str]]:
+    """Per-agent diagnostic cells: model, share of |tau| in unique entries, single-step share (empty: none)."""
+    return [
+        [a["model"], _pct(a["magnitude_unique_share"]), _pct(a["single_step_share"])]
+        for a in report["agents"]
+        if "single_step_share" in a
+    ]
+
+
+def pair_rows(report: dict) -> list[list[str]]:
+    """Per-pair cells: "a / b", common entries, same-sign share, cosine."""
+    return [
+        [
+            " / ".join(p["agents"]),
+            f"{p['common']:,}",
+            _pct(p["same_sign_share"]),
+            "—" if p["cosine"] is None else f"{p['cosine']:.4f}",
+        ]
+        for p in report.get("pairs", [])
+    ]
+
+
+def format_diagnostics(stats: Iterable[AgentStats], pairs: Iterable[PairStats], labels: Mapping[str, str]) -> str:
+    """Plain-text diagnostics for `inspect`: per agent, then per pair of agents."""
+    agent_rows = [("agent", "|tau| in unique", "one-step changes")]
+    for s in stats:
+        agent_rows.append((labels.get(s.name, s.name), _pct(s.magnitude_unique_share), _pct(s.single_step_share)))
+    pair_table = [("agents", "both changed", "same sign", "cosine")]
+    for p in pairs:
+        pair_table.append(
+            (
+                f"{labels.get(p.a, p.a)} / {labels.get(p.b, p.b)}",
+                f"{p.common:,}",
+                _pct(p.same_sign_share),
+                "—" if p.cosine is None else f"{p.cosine:.4f}",
+            )
+        )
+    return _columns(agent_rows) + ("\n\n" + _columns(pair_table) if len(pair_table) > 1 else "")
+
+
+def _columns(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def short_labels(agents: Sequence[str]) -> dict[str, str]:

@@ -112,7 +112,7 @@ def _run(text: str, out: Path, options: Optional[Dict[str, Any]] = None) -> Merg
     from mergekit_ram._mergekit import planning
 
     record = {"stats": None, "prepass": 0, "count": 0}
-    real_run, real_count = planning.prepare, kernel.count
+    real_run, real_count, real_diagnose = planning.prepare, kernel.count, kernel.diagnose
 
     def spy_run(planner, current):
         record["prepass"] += 1
@@ -123,12 +123,17 @@ def _run(text: str, out: Path, options: Optional[Dict[str, Any]] = None) -> Merg
         record["count"] += 1
         return real_count(*args, **kwargs)
 
+    def spy_diagnose(*args, **kwargs):  # the statistics pass counts with its diagnostics
+        record["count"] += 1
+        return real_diagnose(*args, **kwargs)
+
     opts = dict(copy_tokenizer=False, quiet=True, write_model_card=True)
     opts.update(options or {})
     mp = pytest.MonkeyPatch()
     try:
         mp.setattr(planning, "prepare", spy_run)
         mp.setattr(kernel, "count", spy_count)  # wraps a test's own replacement too
+        mp.setattr(kernel, "diagnose", spy_diagnose)
         config = MergeConfiguration.model_validate(yaml.safe_load(text))
         run_merge(config, str(out), options=MergeOptions(**opts))
     finally:

@@ -115,6 +115,8 @@ AGENT_KEYS = {
     "model", "identity", "active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel",
     "density", "unique_share", "shared_with_1_share", "shared_with_2plus_share", "rho_counted", "rho",
     "rho_source", "lambda",
+    # diagnostics (format_version 2)
+    "single_step", "single_step_share", "magnitude_unique", "magnitude_shared", "magnitude_unique_share",
 }
 
 
@@ -166,9 +168,9 @@ def number(value):
 
 
 def validate_schema(report: dict, *, counted: bool = True) -> None:
-    """The schema documented in mergekit_ram/report.py (format_version 1)."""
+    """The schema documented in mergekit_ram/report.py (format_version 2)."""
     assert report["format"] == "mergekit-ram/ram_stats"
-    assert report["format_version"] == 1
+    assert report["format_version"] == 2
     assert report["method"] == "ramplus"
     params = report["parameters"]
     assert set(params) == {"epsilon", "r", "alpha", "rho_scope", "lambda_rule"}
@@ -195,15 +197,28 @@ def validate_schema(report: dict, *, counted: bool = True) -> None:
                 assert isinstance(row[key], float) and 0 <= row[key] <= 1, key
             assert row["rho_source"] in ("counted", "given")
             assert row["rho_counted"] == "inf" or isinstance(row["rho_counted"], float)
+            assert isinstance(row["single_step"], int) and 0 <= row["single_step"] <= row["active"]
+            for key in ("single_step_share", "magnitude_unique_share"):
+                assert isinstance(row[key], float) and 0 <= row[key] <= 1, key
+            assert row["magnitude_unique"] >= 0 and row["magnitude_shared"] >= 0
         assert row["rho"] is None or row["rho"] == "inf" or isinstance(row["rho"], float)
         assert row["lambda"] is None or isinstance(row["lambda"], float)
     assert ("rho_by_group" in report) == (counted and params["rho_scope"] != "model")
+    agents = [a["model"] for a in report["agents"]]
+    n = len(agents)
+    assert len(report["pairs"]) == (n * (n - 1) // 2 if counted else 0)
+    for pair in report["pairs"]:
+        assert pair["agents"][0] in agents and pair["agents"][1] in agents
+        assert 0 <= pair["same_sign"] <= pair["common"]
+        assert pair["same_sign_share"] is None or 0 <= pair["same_sign_share"] <= 1
+        assert pair["cosine"] is None or -1 - 1e-12 <= pair["cosine"] <= 1 + 1e-12
     for t in report["tensors"]:
-        assert set(t) == {"name", "numel", "epsilon", "counts"}
+        assert set(t) == {"name", "numel", "epsilon", "counts", "diagnostics"}
         for row in t["counts"].values():
             assert len(row) == 3 and all(isinstance(x, int) and 0 <= x <= t["numel"] for x in row), t["name"]
+        assert set(t["diagnostics"]) == {"single", "magnitude", "pairs"}
     if not counted:
-        assert report["tensors"] == []
+        assert report["tensors"] == [] and report["pairs"] == []
 
 
 # ---------------------------------------------------------------- ram_stats.json

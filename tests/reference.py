@@ -291,3 +291,48 @@ def assert_state_dict_matches(
 
 def names_list(base: Mapping[str, torch.Tensor], exclude: Sequence[str] = ()) -> List[str]:
     return [k for k, v in base.items() if v.is_floating_point() and k not in exclude]
+
+
+# ---------------------------------------------------------------- diagnostics (issue 17)
+
+
+def _ranks(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Position of each value among all finite numbers of `dtype`, in order (+0 and -0 one number).
+
+    bf16 and fp16 by enumerating every bit pattern; float32 by counting nextafter steps is
+    too slow, so float32 ranks come from `single_steps` below instead."""
+    every = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype).to(torch.float64)
+    table = torch.unique(every[torch.isfinite(every)])  # sorted, -0 == +0
+    return torch.searchsorted(table, values.to(torch.float64))
+
+
+def single_steps(base: torch.Tensor, agent: torch.Tensor) -> torch.Tensor:
+    """bool: the agent's value is the representable neighbour of the base's, in their dtype."""
+    if base.dtype in (torch.bfloat16, torch.float16):
+        return (_ranks(agent, base.dtype) - _ranks(base, base.dtype)).abs() == 1
+    towards = torch.nextafter(base, torch.where(agent >= base, torch.full_like(base, math.inf), torch.full_like(base, -math.inf)))
+    return (agent == towards) & (agent != base)
+
+
+def reference_diagnostics(base: torch.Tensor, agents: Sequence[torch.Tensor], eps: float) -> dict:
+    """The diagnostics of one tensor from the definitions, in float64:
+    single[t], magnitude[t] = (sum |tau| unique, sum |tau| shared),
+    pairs[(i, j)] = (common, same sign, sum tau_i tau_j, sum tau_i^2, sum tau_j^2)."""
+    taus = [task_vector(base, a).reshape(-1) for a in agents]
+    masks = [t.abs() > eps for t in taus]
+    hits = torch.stack(masks).sum(dim=0) if masks else None
+    out = {"single": [], "magnitude": [], "pairs": {}}
+    for tau, mask, agent in zip(taus, masks, agents):
+        out["single"].append(int((mask & single_steps(base.reshape(-1), agent.reshape(-1))).sum()))
+        out["magnitude"].append(
+            (float(tau[mask & (hits == 1)].abs().sum()), float(tau[mask & (hits >= 2)].abs().sum()))
+        )
+    for i in range(len(agents)):
+        for j in range(i + 1, len(agents)):
+            both = masks[i] & masks[j]
+            u, v = taus[i][both], taus[j][both]
+            out["pairs"][(i, j)] = (
+                int(both.sum()), int((u * v > 0).sum()), float((u * v).sum()), float((u * u).sum()),
+                float((v * v).sum()),
+            )
+    return out

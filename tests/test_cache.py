@@ -480,3 +480,27 @@ def test_unusable_cache_folder_does_not_claim_a_corrupt_entry(run_yaml, qwen_bf1
     run_yaml(config_text(qwen_bf16, "AB"))
     warnings = mergekit_ram_warnings(caplog)
     assert not any("unreadable statistics cache entry" in m for m in warnings), warnings
+
+
+def test_an_entry_of_the_format_before_diagnostics_is_recounted_never_misread(run_yaml, qwen_bf16, cache_dir, monkeypatch):
+    """Format 2 held counts without diagnostics. Its entries have other keys (the format is part of
+    the key), and one placed at today's key is refused: the merge recounts and reports diagnostics."""
+    from mergekit_ram import cache
+
+    parts = {"models": {"a": 1}}
+    assert cache.key(parts) != (monkeypatch.setattr(cache, "FORMAT", 2) or cache.key(parts))
+    monkeypatch.undo()
+    monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(cache_dir))
+    cold = run_yaml(config_text(qwen_bf16, "AB"))
+    (name,) = entries(cache_dir)
+    entry = json.loads((cache_dir / name).read_text())
+    for t in entry["tensors"]:
+        del t["diagnostics"]
+    entry["format"] = 2
+    entry["checksum"] = cache._checksum(entry["agents"], entry["tensors"])
+    (cache_dir / name).write_text(json.dumps(entry))
+    again = run_yaml(config_text(qwen_bf16, "AB"))
+    assert again.count_calls > 0
+    report = ram_stats(again)
+    assert report["statistics"] == "computed" and len(report["pairs"]) == 1
+    assert ram_stats(cold)["pairs"] == report["pairs"]

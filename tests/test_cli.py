@@ -86,6 +86,17 @@ def test_inspect_table_json_and_plot(merged, qwen_bf16, tmp_path, capsys):
     merge_report = strict_json((merged(text).out / "ram_stats.json").read_text(encoding="utf-8"))
     assert report == merge_report
 
+    # diagnostics: per agent and per pair, as in the JSON
+    labels = {qwen_bf16.path(a): a for a in "ABC"}
+    printed = out.split("Diagnostics", 1)[1]
+    for row in report["agents"]:
+        want = [labels[row["model"]], f"{100 * row['magnitude_unique_share']:.2f}%", f"{100 * row['single_step_share']:.2f}%"]
+        assert want in [line.split() for line in printed.splitlines()], (want, printed)
+    for pair in report["pairs"]:
+        a, b = (labels[m] for m in pair["agents"])
+        line = next(x for x in printed.splitlines() if x.startswith(f"{a} / {b} "))
+        assert line.split()[3:] == [f"{pair['common']:,}", f"{100 * pair['same_sign_share']:.2f}%", f"{pair['cosine']:.4f}"]
+
     # PNG: valid, decodable, not a blank postage stamp
     data = png.read_bytes()
     assert data[:8] == PNG_MAGIC and len(data) > 5_000
@@ -205,6 +216,7 @@ def test_invalid_r_is_rejected_before_reading_weights(qwen_bf16, tmp_path, capsy
         raise AssertionError("counted tensors before validating --r")
 
     monkeypatch.setattr(kernel, "count", refuse)
+    monkeypatch.setattr(kernel, "diagnose", refuse)
     code, _, err = inspect(capsys, write_config(tmp_path, config_text(qwen_bf16, "AB")), "--r", "-1")
     assert code == 2 and "--r must be" in err
 

@@ -181,6 +181,7 @@ def _forbid_count(monkeypatch):
         raise AssertionError("the statistics pre-pass ran")
 
     monkeypatch.setattr(kernel, "count", refuse)
+    monkeypatch.setattr(kernel, "diagnose", refuse)
 
 
 def test_r_zero_is_mergekit_ram_in_float32(run_yaml, merged, qwen_bf16, monkeypatch):

@@ -76,6 +76,49 @@ def test_ram_stats_json_schema_and_closed_form(merged, qwen_bf16):
     assert sum(t["numel"] for t in report["tensors"]) == totals["A"]["numel"]
 
 
+def test_diagnostics_equal_the_float64_definitions_over_the_stored_tensors(merged, qwen_bf16):
+    """ram_stats.json's diagnostics (per tensor, per agent, per pair) and the card's tables, against
+    `reference.reference_diagnostics` on the stored tensors."""
+    agents = "ABC"
+    run = merged(config_text(qwen_bf16, agents))
+    report = strict_json((run.out / "ram_stats.json").read_text(encoding="utf-8"))
+    base, sds = inputs_of(qwen_bf16, agents)
+    paths = [qwen_bf16.path(a) for a in agents]
+    single = dict.fromkeys(paths, 0)
+    magnitude = {p: [0.0, 0.0] for p in paths}
+    pairs = {}
+    for t in report["tensors"]:
+        want = R.reference_diagnostics(base[t["name"]], [sds[p][t["name"]] for p in paths], 1e-5)
+        got = t["diagnostics"]
+        assert got["single"] == dict(zip(paths, want["single"])), t["name"]
+        for p, (u, sh) in zip(paths, want["magnitude"]):
+            assert got["magnitude"][p] == pytest.approx([u, sh], rel=1e-12, abs=1e-300), t["name"]
+            single[p] += want["single"][paths.index(p)]
+            magnitude[p][0] += u
+            magnitude[p][1] += sh
+        for a, b, *values in got["pairs"]:
+            ref = want["pairs"][(paths.index(a), paths.index(b))]
+            assert values[:2] == list(ref[:2]) and values[2:] == pytest.approx(list(ref[2:]), rel=1e-12, abs=1e-300)
+            total = pairs.setdefault((a, b), [0, 0, 0.0, 0.0, 0.0])
+            for k, v in enumerate(ref):
+                total[k] += v
+    rows = {row["model"]: row for row in report["agents"]}
+    for p in paths:
+        assert rows[p]["single_step"] == single[p]
+        assert rows[p]["single_step_share"] == pytest.approx(single[p] / rows[p]["active"], rel=1e-12)
+        assert rows[p]["magnitude_unique_share"] == pytest.approx(magnitude[p][0] / sum(magnitude[p]), rel=1e-12)
+    assert len(report["pairs"]) == 3
+    for pair in report["pairs"]:
+        common, same, dot, sa, sb = pairs[tuple(pair["agents"])]
+        assert (pair["common"], pair["same_sign"]) == (common, same)
+        assert pair["same_sign_share"] == pytest.approx(same / common, rel=1e-12)
+        assert pair["cosine"] == pytest.approx(dot / math.sqrt(sa * sb), rel=1e-9)
+    card = (run.out / "README.md").read_text(encoding="utf-8")
+    assert "Diagnostics (which regime the agents are in):" in card
+    for pair in report["pairs"]:
+        assert f"| {' / '.join(pair['agents'])} | {pair['common']:,} |" in card
+
+
 def test_content_ids_tell_inputs_apart_and_ignore_where_they_live(merged, qwen_bf16, tmp_path):
     from mergekit_ram import cache, report
 
@@ -325,6 +368,7 @@ def test_misspelled_top_level_parameter_fails_before_reading(run_yaml, qwen_bf16
     from mergekit_ram import kernel
 
     monkeypatch.setattr(kernel, "count", lambda *a, **k: pytest.fail("the pre-pass ran"))
+    monkeypatch.setattr(kernel, "diagnose", lambda *a, **k: pytest.fail("the pre-pass ran"))
     with pytest.raises(ValueError) as info:
         run_yaml(config_text(qwen_bf16, "AB", parameters="alhpa: 3"), out=tmp_path)
     message = str(info.value)

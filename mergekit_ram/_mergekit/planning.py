@@ -356,7 +356,7 @@ class CountTask(Task[statistics.TensorCounts | None]):
         agents = group.non_base
         labels = [str(e.id) for e in agents]
         epsilon = task.parameters["epsilon"]
-        counts = kernel.count(
+        found = kernel.diagnose(
             group.base.tensor,
             [e.tensor for e in agents],
             epsilon,
@@ -365,7 +365,11 @@ class CountTask(Task[statistics.TensorCounts | None]):
             base_name=str(task.base_model),
         )
         return statistics.TensorCounts(
-            name, group.base.tensor.numel(), dict(zip(labels, map(tuple, counts.tolist()), strict=True)), epsilon
+            name,
+            group.base.tensor.numel(),
+            dict(zip(labels, map(tuple, found.counts.tolist()), strict=True)),
+            epsilon,
+            statistics.Diagnostics.from_kernel(labels, found),
         )
 
 

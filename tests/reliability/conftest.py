@@ -186,6 +186,7 @@ def forbid_count(monkeypatch) -> None:
         raise AssertionError("the statistics pre-pass ran")
 
     monkeypatch.setattr(kernel, "count", refuse)
+    monkeypatch.setattr(kernel, "diagnose", refuse)
 
 
 # ---------------------------------------------------------------- injected faults
