@@ -121,19 +121,20 @@ static inline void store_f16(_Float16 *p, int64_t i, float x) { p[i] = (_Float16
     }
 
 /* Ordered integer keys: adjacent floats of one dtype have keys one apart (+0 and -0 both 0). */
-static inline int64_t key_f32(const float *p, int64_t i) {
-    uint32_t u;
+static inline int32_t key_f32(const float *p, int64_t i) {
+    int32_t u;
     memcpy(&u, p + i, 4);
-    return (u & 0x80000000u) ? -(int64_t)(u & 0x7fffffffu) : (int64_t)u;
+    return u < 0 ? -(u & 0x7fffffff) : u; /* the gap of two float32 keys can overflow only far from one step */
 }
-static inline int64_t key_bf16(const uint16_t *p, int64_t i) {
-    uint16_t u = p[i];
-    return (u & 0x8000u) ? -(int64_t)(u & 0x7fffu) : (int64_t)u;
+static inline int32_t key_bf16(const uint16_t *p, int64_t i) {
+    int32_t u = p[i];
+    return (u & 0x8000) ? -(u & 0x7fff) : u;
 }
-static inline int64_t key_f16(const _Float16 *p, int64_t i) {
-    uint16_t u;
-    memcpy(&u, p + i, 2);
-    return (u & 0x8000u) ? -(int64_t)(u & 0x7fffu) : (int64_t)u;
+static inline int32_t key_f16(const _Float16 *p, int64_t i) {
+    uint16_t v;
+    memcpy(&v, p + i, 2);
+    int32_t u = v;
+    return (u & 0x8000) ? -(u & 0x7fff) : u;
 }
 
 /* The statistics pass with diagnostics: the counts of count_*, plus
@@ -141,13 +142,55 @@ static inline int64_t key_f16(const _Float16 *p, int64_t i) {
  *   ints[2P]  per pair i<j (row-major): entries both changed, of those with the same sign
  *   sums[2n]  per agent: sum |tau| over its unique entries, over its shared entries
  *   sums[3P]  per pair: sum tau_i tau_j, sum tau_i^2, sum tau_j^2 over the common entries
- * Products and sums in double: each product of two float32 deltas is exact. */
+ * Products and sums in double (a product of two float32 deltas is exact in double). The
+ * double sums run in LANES independent partial sums, added in a fixed order per block: the
+ * loops vectorise without reassociation, and a result depends only on the block split. */
+#define LANES 8
+
+/* sum of x[0..k) in double, LANES partial sums added in a fixed order */
+static double lanes_sum(const float *x, int k) {
+    double acc[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= k; i += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += (double)x[i + l];
+    for (; i < k; i++) acc[0] += (double)x[i];
+    double total = 0.0;
+    for (int l = 0; l < LANES; l++) total += acc[l];
+    return total;
+}
+
+/* out += (sum x*y, sum x*x, sum y*y) in double (each product exact), LANES partial sums
+ * added in a fixed order */
+static void lanes_dot3(const float *x, const float *y, int k, double *out) {
+    double xy[LANES] = {0}, xx[LANES] = {0}, yy[LANES] = {0};
+    int i = 0;
+    for (; i + LANES <= k; i += LANES)
+        for (int l = 0; l < LANES; l++) {
+            double u = x[i + l], v = y[i + l];
+            xy[l] += u * v;
+            xx[l] += u * u;
+            yy[l] += v * v;
+        }
+    for (; i < k; i++) {
+        double u = x[i], v = y[i];
+        xy[0] += u * v;
+        xx[0] += u * u;
+        yy[0] += v * v;
+    }
+    for (int l = 0; l < LANES; l++) {
+        out[0] += xy[l];
+        out[1] += xx[l];
+        out[2] += yy[l];
+    }
+}
+
 #define DEFINE_DIAGNOSE(NAME, T)                                                       \
     int diagnose_##NAME(const T *base, const T *const *agents, int n, float eps,       \
                         int64_t len, int64_t *ints, double *sums) {                    \
         float b[BLOCK];                                                                \
-        int64_t kb[BLOCK];                                                             \
+        int32_t kb[BLOCK];                                                             \
         uint8_t hits[BLOCK];                                                           \
+        float wa[BLOCK], wb[BLOCK];                                                    \
         uint8_t *mask = malloc((size_t)n * BLOCK);                                     \
         float *delta = malloc((size_t)n * BLOCK * sizeof(float));                      \
         int64_t *pint = ints + 4 * n;                                                  \
@@ -176,7 +219,7 @@ static inline int64_t key_f16(const _Float16 *p, int64_t i) {
                     bad |= !(ad <= FLT_MAX);                                           \
                     m[i] = ad > eps;                                                   \
                     hits[i] += m[i];                                                   \
-                    int64_t gap = key_##NAME(a, i) - kb[i];                            \
+                    int32_t gap = key_##NAME(a, i) - kb[i];                            \
                     single += m[i] & ((gap == 1) | (gap == -1));                       \
                 }                                                                      \
                 ints[4 * t + 3] += single;                                             \
@@ -185,24 +228,19 @@ static inline int64_t key_f16(const _Float16 *p, int64_t i) {
                 const uint8_t *m = mask + (size_t)t * BLOCK;                           \
                 const float *d = delta + (size_t)t * BLOCK;                            \
                 int64_t act = 0, uni = 0, pair = 0;                                    \
-                double alone = 0.0, shared = 0.0;                                      \
                 for (int i = 0; i < k; i++) {                                          \
                     act += m[i];                                                       \
                     uni += m[i] & (hits[i] == 1);                                      \
                     pair += m[i] & (hits[i] == 2);                                     \
-                    if (m[i]) {                                                        \
-                        double ad = fabs((double)d[i]);                                \
-                        if (hits[i] == 1)                                              \
-                            alone += ad;                                               \
-                        else                                                           \
-                            shared += ad;                                              \
-                    }                                                                  \
+                    float ad = fabsf(d[i]);                                            \
+                    wa[i] = (m[i] & (hits[i] == 1)) ? ad : 0.0f;                       \
+                    wb[i] = (m[i] & (hits[i] >= 2)) ? ad : 0.0f;                       \
                 }                                                                      \
+                sums[2 * t] += lanes_sum(wa, k);                                       \
+                sums[2 * t + 1] += lanes_sum(wb, k);                                   \
                 ints[4 * t] += act;                                                    \
                 ints[4 * t + 1] += uni;                                                \
                 ints[4 * t + 2] += pair;                                               \
-                sums[2 * t] += alone;                                                  \
-                sums[2 * t + 1] += shared;                                             \
             }                                                                          \
             int p = 0;                                                                 \
             for (int x = 0; x < n; x++) {                                              \
@@ -212,22 +250,16 @@ static inline int64_t key_f16(const _Float16 *p, int64_t i) {
                     const float *dx = delta + (size_t)x * BLOCK;                       \
                     const float *dy = delta + (size_t)y * BLOCK;                       \
                     int64_t common = 0, same = 0;                                      \
-                    double dot = 0.0, sx = 0.0, sy = 0.0;                              \
                     for (int i = 0; i < k; i++) {                                      \
-                        if (mx[i] & my[i]) {                                           \
-                            double u = dx[i], v = dy[i];                               \
-                            common++;                                                  \
-                            same += (u * v) > 0.0;                                     \
-                            dot += u * v;                                              \
-                            sx += u * u;                                               \
-                            sy += v * v;                                               \
-                        }                                                              \
+                        int both = mx[i] & my[i];                                      \
+                        common += both;                                                \
+                        same += both & ((dx[i] > 0.0f) == (dy[i] > 0.0f));             \
+                        wa[i] = both ? dx[i] : 0.0f;                                   \
+                        wb[i] = both ? dy[i] : 0.0f;                                   \
                     }                                                                  \
                     pint[2 * p] += common;                                             \
                     pint[2 * p + 1] += same;                                           \
-                    psum[3 * p] += dot;                                                \
-                    psum[3 * p + 1] += sx;                                             \
-                    psum[3 * p + 2] += sy;                                             \
+                    lanes_dot3(wa, wb, k, psum + 3 * p);                               \
                 }                                                                      \
             }                                                                          \
         }                                                                              \
