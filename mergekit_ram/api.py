@@ -150,6 +150,13 @@ def _storage_key(tensor: torch.Tensor, inputs: Sequence[torch.Tensor]) -> tuple:
 
 
 def _copy_buffer(key, tensor, inputs, names) -> torch.Tensor:
+    if tensor.is_floating_point():  # the base holds floats: name the agents that do not
+        odd = [
+            f"{name!r} ({other.dtype})"
+            for name, other in zip(names, inputs, strict=True)
+            if not other.is_floating_point()
+        ]
+        raise ValueError(f"tensor {key} is {tensor.dtype} in the base but not a float in agent {', '.join(odd)}")
     for name, other in zip(names, inputs, strict=True):
         if other.dtype != tensor.dtype or not torch.equal(other, tensor):
             raise ValueError(f"non-float tensor {key} differs between the base and agent {name!r}")

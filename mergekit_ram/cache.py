@@ -1,7 +1,8 @@
 """On-disk cache of the pre-pass counts, so re-running a merge reads no tensor twice.
 
 An entry holds per-tensor, per-agent counts. Its key covers everything that
-changes them: each input's identity (its files' names, sizes, mtimes, ctimes,
+changes them: each input's identity (its files, and every file its index names in
+a sub-folder: names, sizes, mtimes, ctimes,
 inodes, safetensors headers and sixteen 64 KiB samples of each weight file; a
 hub snapshot's folder names its revision),
 the planned tensors with their inputs, dtype, vocabulary alignment and
@@ -45,7 +46,7 @@ def folder_identity(path: str) -> dict:
     """What identifies a model folder's content without reading its tensors."""
     path = os.path.realpath(path)
     entries = {}
-    for name in sorted(os.listdir(path)):
+    for name in sorted(set(os.listdir(path)) | indexed_files(path)):
         full = os.path.join(path, name)
         if not os.path.isfile(full):
             continue
@@ -65,6 +66,21 @@ def folder_identity(path: str) -> dict:
     if parent == "snapshots":  # a Hugging Face hub snapshot: the folder name is the revision
         identity["revision"] = os.path.basename(path)
     return identity
+
+
+def indexed_files(path: str) -> set[str]:
+    """Weight files the folder's indexes name (relative paths), sub-folders included: a merge reads them."""
+    found: set[str] = set()
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        try:
+            with open(os.path.join(path, index), encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"unreadable index {os.path.join(path, index)}: {error}") from error
+        found.update(str(name) for name in weight_map.values())
+    return found
 
 
 def key(parts: Any) -> str:

@@ -1,6 +1,6 @@
 """Plan-time checks of a `ramplus` config: one base model, and parameters that exist, sit where
 mergekit honours them, and hold values in range (a misspelt or misplaced parameter would
-otherwise be silently ignored)."""
+otherwise be silently ignored); device options the machine can honour."""
 
 from __future__ import annotations
 
@@ -89,3 +89,24 @@ def _scalars(setting: Any) -> list[Any]:
     if isinstance(setting, (list, tuple)):
         return [v for item in setting for v in _scalars(item)]
     return [setting]
+
+
+def check_devices(options: Any) -> None:
+    """`--cuda`, `--device`, `--multi-gpu`, `--gpu-rich` on a machine without that device: an error
+    naming the flag before any weight is read (torch and mergekit's executor fail later, naming neither)."""
+    import torch
+
+    if options is None:
+        return
+    device = str(getattr(options, "device", None) or "cpu")
+    kind = device.split(":")[0]
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6, which mergekit's multi-GPU executor uses
+    none = accelerator.current_accelerator() is None if accelerator else not torch.cuda.is_available()
+    if getattr(options, "multi_gpu", False) and none:
+        raise ValueError("--multi-gpu (also set by --gpu-rich) needs a GPU, and torch sees none on this machine")
+    available = {"cuda": torch.cuda.is_available, "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available()}
+    if kind in available and not available[kind]():
+        raise ValueError(
+            f"device {device!r} (--cuda, --gpu-rich or --device) is not available: torch sees no {kind} device "
+            "on this machine; merge on the CPU (leave the flag out) or on a machine with one"
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import tempfile
 
 # bytes per element of the safetensors dtypes we check sizes for (others: left to safetensors)
@@ -101,14 +102,15 @@ def check_safetensors(file: str) -> None:
         raise bad(f"the tensors need {position} bytes of data, the file holds {data} ({what})")
 
 
-def write_atomic(path: str, text: str, *, mode: int | None = None) -> None:
+def write_atomic(path: str, text: str, *, mode: int | None = None, private: bool = True) -> None:
     """Write `text` to `path` through a temporary file and a rename: readers see the old file or the new one.
 
-    `mode`: the file's permissions (default: private to the user, as `mkstemp` makes it).
+    `private`: readable by the user alone (a cache); else 0666 less the umask, like the files
+    mergekit writes beside it. `mode`: exactly these permissions instead.
     A failure names the file and leaves no temporary file behind.
     """
     folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    fd, tmp = _new_file(folder, os.path.basename(path), private)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -122,3 +124,14 @@ def write_atomic(path: str, text: str, *, mode: int | None = None) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _new_file(folder: str, name: str, private: bool) -> tuple[int, str]:
+    if private:
+        return tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    while True:  # as mkstemp, but created 0666 less the umask
+        tmp = os.path.join(folder, f".{name}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666), tmp
+        except FileExistsError:
+            continue

@@ -25,7 +25,7 @@ from mergekit.merge_methods import (
 )
 from pydantic import AfterValidator
 
-from mergekit_ram import kernel, params, statistics
+from mergekit_ram import kernel, params, session, statistics
 
 NAME = "ramplus"
 
@@ -69,6 +69,7 @@ def ramplus(
         [entry.tensor for entry in agents],
         lambdas,
         epsilon,
+        out_dtype=session.out_dtype(),
         names=names,
         tensor_name=group.metadata.name,
         base_name=str(group.base.id),
@@ -95,6 +96,44 @@ def resolves_to_ours(name: str) -> bool:
 
 def _origin(method: Any) -> str:
     return str(getattr(getattr(method, "implementation", method), "__module__", "?"))
+
+
+def refuse_foreign(name: str) -> None:
+    """Raise when `merge_method: name` is our name but mergekit would run another package's method.
+
+    A mergekit fork (or another plugin) may register its own `ramplus` first; mergekit then runs
+    that method, with other parameters and rules, under the name users chose for this package.
+    """
+    from mergekit import merge_methods
+
+    if name != NAME:
+        return
+    try:
+        owner = merge_methods.get(name)
+    except RuntimeError:
+        return  # not registered at all: mergekit's own error names the method
+    if is_ours(owner):
+        return
+    module = _origin(owner)
+    raise ValueError(
+        f"merge_method '{NAME}' is registered by {module} ({_distribution(module)}), not by mergekit-ram, so "
+        f"mergekit would run that package's method under this name. To merge with mergekit-ram's RAM+, install "
+        f"PyPI's mergekit, which defines no '{NAME}' (pip install --force-reinstall 'mergekit==0.1.5'; a fork may "
+        f"call itself mergekit 0.1.5 too) or uninstall the other package; to run the other package's '{NAME}', "
+        "set MERGEKIT_RAM_DISABLE=1."
+    )
+
+
+def _distribution(module: str) -> str:
+    """'package NAME VERSION' of the installed distribution providing `module`, as well as it can be told."""
+    from importlib import metadata
+
+    top = module.split(".")[0]
+    try:
+        names = metadata.packages_distributions().get(top, [])
+        return ", ".join(f"package {n} {metadata.version(n)}" for n in sorted(set(names))) or f"module {top}"
+    except Exception:
+        return f"module {top}"
 
 
 #: Why the statistics pre-pass is not installed (the seam's guard says so at install time), for the error below.

@@ -1,10 +1,29 @@
-"""Checks of where a `ramplus` merge writes: never into an input model, and a config mergekit
-can write into the model card."""
+"""Where a `ramplus` merge writes: never into an input model, a config mergekit can write into
+the model card, and an output folder that ends up holding this merge's weights alone.
+
+Output folder policy: when a `ramplus` merge finishes, the weight files and indexes that an
+earlier merge left in the output folder and this merge did not write are removed, each named
+in the log (a loader would read them: transformers prefers `model.safetensors` over an index,
+an index loader reads the shards it names). Only files directly in the output folder whose
+name is a weight file's, unchanged since before the merge, are removed; a symlink is removed
+itself, never followed. Another method merging into a folder that held a `ramplus` merge has
+that merge's `ram_stats.json` removed (it would describe other weights); nothing else of what
+mergekit's own methods write is touched.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
+import stat
 from typing import Any
+
+LOG = logging.getLogger("mergekit_ram")
+STATS_FILE = "ram_stats.json"
+#: the `format` of a ram_stats.json this package writes (report.FORMAT)
+STATS_FORMAT = "mergekit-ram/ram_stats"
 
 
 def check_output(config: Any, out_path: str) -> None:
@@ -38,3 +57,51 @@ def check_config_serialisable(config: Any) -> None:
             "with a space or a double quote). Pass the YAML text as run_merge(..., config_source=TEXT) "
             "(mergekit-yaml does), turn the card off, or use a path without them."
         ) from error
+
+
+# what a model's weights are stored as: mergekit's names (single file, shards, a killed merge's
+# numbered shards) and transformers' indexes
+_WEIGHTS = re.compile(r"(model|pytorch_model)(-\d+(-of-\d+)?)?\.(safetensors|bin)(\.index\.json)?")
+
+
+def weight_files(out_path: str | None) -> dict[str, tuple[int, int, int, int]]:
+    """Weight files and indexes directly in the output folder (regular files and symlinks, not
+    followed), with what tells a rewrite: inode, size, mtime, ctime."""
+    found: dict[str, tuple[int, int, int, int]] = {}
+    if not out_path or not os.path.isdir(out_path):
+        return found
+    for name in os.listdir(out_path):
+        if _WEIGHTS.fullmatch(name):
+            st = os.lstat(os.path.join(out_path, name))
+            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):  # a link itself, never its target
+                found[name] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return found
+
+
+def remove_stale_weights(out_path: str | None, before: dict[str, tuple[int, int, int, int]]) -> list[str]:
+    """After a `ramplus` merge: remove the weight files and indexes an earlier merge left that this
+    merge did not write (unchanged since `before`), naming each."""
+    removed = []
+    for name, seen in sorted(weight_files(out_path).items()):
+        if before.get(name) == seen:  # untouched by this merge
+            path = os.path.join(str(out_path), name)
+            LOG.warning("ramplus: removing %s, left by an earlier merge (this merge did not write it)", path)
+            os.unlink(path)
+            removed.append(name)
+    return removed
+
+
+def remove_foreign_statistics(out_path: str | None) -> None:
+    """Another method merging into a folder that held a `ramplus` merge: its ram_stats.json would
+    describe weights it no longer sits beside. Never raises (mergekit's methods must run)."""
+    try:
+        path = os.path.join(str(out_path), STATS_FILE)
+        if not out_path or os.path.islink(path) or not os.path.isfile(path):
+            return
+        with open(path, encoding="utf-8") as f:
+            if json.load(f).get("format") != STATS_FORMAT:
+                return  # not ours
+        LOG.warning("mergekit-ram: removing %s of an earlier ramplus merge: it does not describe this merge", path)
+        os.unlink(path)
+    except Exception as error:
+        LOG.warning("mergekit-ram: could not check %s for a stale %s: %s", out_path, STATS_FILE, error)

@@ -23,6 +23,7 @@ Both are built from the same report dict, so the card, the JSON and
   changed), `same_sign`, `same_sign_share` and `cosine` of the two task vectors over the
   common entries (null when they have none).
 - `rho_by_group` (rho_scope layer/tensor): group -> agent -> rho.
+- `tied_counted_once`: tensor -> the tensor it is tied to (`tie_word_embeddings`; counted once).
 - `tensors[]`: name, numel, epsilon, counts {agent: [active, unique, pair]}
   (pair = entries exactly one other agent changed too), and `diagnostics`: single
   {agent: n}, magnitude {agent: [unique, shared]}, pairs [[a, b, common, same_sign,
@@ -36,19 +37,25 @@ import json
 import math
 from collections.abc import Sequence
 
-from mergekit_ram import statistics, tables
+from mergekit_ram import output_checks, statistics, tables
 from mergekit_ram.session import Planned
 
-FORMAT = "mergekit-ram/ram_stats"
+FORMAT = output_checks.STATS_FORMAT
 FORMAT_VERSION = 2  # 2: diagnostics (per agent and `pairs`) added
 _PARAMETERS = ("epsilon", "r", "alpha", "rho_scope", "lambda_rule")
 PROJECT_URL = "https://pypi.org/project/mergekit-ram/"
 
 
 def build(
-    stats: statistics.Statistics | None, planned: Sequence[Planned], *, source: str, identities: dict[str, dict]
+    stats: statistics.Statistics | None,
+    planned: Sequence[Planned],
+    *,
+    source: str,
+    identities: dict[str, dict],
+    tied: dict[str, str] | None = None,
 ) -> dict:
-    """The report of one planned ramplus merge (`planned`: its tensors, in planning order)."""
+    """The report of one planned ramplus merge (`planned`: its counted tensors, in planning order;
+    `tied`: tensors counted once with the tensor they are tied to)."""
     first = planned[0]
     params = {k: first.parameters[k] for k in _PARAMETERS}
     varying = {
@@ -121,6 +128,7 @@ def build(
         }
         for p in (stats.pair_totals() if stats is not None else [])
     ]
+    out["tied_counted_once"] = dict(tied or {})
     out["tensors"] = stats.to_json() if stats is not None else []
     return out
 
@@ -190,6 +198,8 @@ def card_section(report: dict) -> str:
             "`ram_stats.json`); the table shows whole-model ρ and λ for reference."
         ),
         "",
+        counted_sentence(report),
+        "",
         *_diagnostics_section(report),
         "Inputs:",
         "",
@@ -203,6 +213,24 @@ def card_section(report: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def counted_sentence(report: dict) -> str:
+    """What the statistics counted: the tensors, and tied pairs counted once."""
+    tensors = report.get("tensors") or []
+    text = (
+        f"Counted: {len(tensors)} tensors, {sum(t['numel'] for t in tensors):,} parameters per agent."
+        if tensors
+        else "Counted: nothing (no statistics pass)."
+    )
+    tied = report.get("tied_counted_once") or {}
+    if tied:
+        pairs = ", ".join(f"`{copy}` (tied to `{target}`)" for copy, target in sorted(tied.items()))
+        text += (
+            f" Tied to another tensor by `tie_word_embeddings`, and so counted once with it (the output stores "
+            f"both; transformers loads one): {pairs}."
+        )
+    return text
 
 
 def _diagnostics_section(report: dict) -> list[str]:

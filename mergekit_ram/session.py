@@ -65,6 +65,8 @@ class MergeSession:
 
 
 _current: ContextVar[MergeSession | None] = ContextVar("mergekit_ram_session", default=None)
+#: the dtype mergekit will write the tensor being merged in (its task's out_dtype), for one rounding
+_out_dtype: ContextVar[Any] = ContextVar("mergekit_ram_out_dtype", default=None)
 
 
 def current() -> MergeSession | None:
@@ -80,3 +82,18 @@ def active(session: MergeSession) -> Iterator[MergeSession]:
         yield session
     finally:
         _current.reset(token)
+
+
+def out_dtype() -> Any:
+    """The torch dtype the tensor being merged is written in, when mergekit says so (else None)."""
+    return _out_dtype.get()
+
+
+@contextlib.contextmanager
+def writing(dtype: Any) -> Iterator[None]:
+    """While inside, `out_dtype()` is `dtype`: the kernel rounds once, to what is written."""
+    token = _out_dtype.set(dtype)
+    try:
+        yield
+    finally:
+        _out_dtype.reset(token)

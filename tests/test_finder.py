@@ -547,6 +547,9 @@ def test_name_collision_warns_once(collision):
     assert after.count("already registered") == 1, after
 
 
-def test_name_collision_prepass_leaves_foreign_method_alone(collision):
+def test_name_collision_merge_is_refused_not_run_under_our_name(collision):
+    """With mergekit-ram loaded, `merge_method: ramplus` owned by another package is an error naming
+    the owner and the way out, never that package's merge (tests/reliability/test_plugin_isolation.py)."""
     result, proc = collision
-    assert result["foreign_merge"] is None, result["foreign_merge"]
+    assert result["foreign_merge"] is not None, "the other package's ramplus merged under our name"
+    assert "not by mergekit-ram" in result["foreign_merge"] and "MERGEKIT_RAM_DISABLE=1" in result["foreign_merge"]

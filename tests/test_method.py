@@ -274,7 +274,10 @@ def test_output_dtype(request, merged, fixture, dtype, out_dtype, expected):
     written = request.getfixturevalue(fixture)
     run = merged(config_text(written, "ABC", dtype=dtype, out_dtype=out_dtype))
     cast = DTYPE_OF[dtype] if dtype else None
-    check_against_reference(run, written, "ABC", cast=cast, out_dtype=DTYPE_OF[expected], merge_dtype=cast)
+    check_against_reference(run, written, "ABC", cast=cast, out_dtype=DTYPE_OF[expected])
+    if cast is not None and cast.itemsize < DTYPE_OF[expected].itemsize:  # not rounded to `dtype` first
+        merged = torch.cat([t.reshape(-1) for t in run.tensors.values()])
+        assert not torch.equal(merged.to(cast).to(merged.dtype), merged)
     assert run.config.get("dtype", run.config.get("torch_dtype")) == expected
     if "torch_dtype" in run.config and "dtype" in run.config:
         assert run.config["torch_dtype"] == run.config["dtype"]

@@ -9,7 +9,13 @@
   statistics pass on the planned tasks (`planning.prepare`);
 - `MergePlanner.plan_to_disk`: refuse an output folder inside an input model,
   drop a stale `ram_stats.json` there, and queue the new one;
-- `mergekit.merge.generate_card`: append the "RAM+ statistics" section.
+- `mergekit.merge.generate_card`: append the "RAM+ statistics" section;
+- `ramplus._execute` (mergekit's `GroupMergeMethod._execute`, on our method object only):
+  hand the dtype a tensor is written in to the kernel, which rounds once, to it.
+
+A `ramplus` merge also ends by removing the weight files an earlier merge left in its output
+folder (`output_checks`); another method's merge removes only a stale `ram_stats.json` of an
+earlier `ramplus` merge there, and `merge_method: ramplus` owned by another package is refused.
 
 `install` patches only after `surface.check` accepted the installed mergekit;
 otherwise it logs why, and `ramplus` with r > 0 says so when it needs rho.
@@ -22,7 +28,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from mergekit_ram import method, output_checks, report, session
+from mergekit_ram import config_checks, method, output_checks, report, session
 from mergekit_ram._mergekit import loading, planning, surface
 from mergekit_ram.method import resolves_to_ours
 
@@ -45,6 +51,7 @@ def install() -> None:
             return
         wrap(MergePlanner, "_plan", _plan)
         wrap(MergePlanner, "plan_to_disk", _plan_to_disk)
+        round_once(method.ramplus)
         surface.set_verdict(surface.PREPASS, None)
         method.prepass_unavailable = None
     install_merge()
@@ -67,6 +74,8 @@ def install_merge() -> None:
 
     def run_merge_wrapper(merge_config: Any, *args: Any, **kwargs: Any) -> Any:
         if not resolves_to_ours(merge_config.merge_method):
+            method.refuse_foreign(merge_config.merge_method)  # `ramplus` owned by another package
+            output_checks.remove_foreign_statistics(args[0] if args else kwargs.get("out_path"))
             return run_merge(merge_config, *args, **kwargs)
         return _run_ramplus_merge(run_merge, merge_config, *args, **kwargs)
 
@@ -94,10 +103,13 @@ def _run_ramplus_merge(run_merge: Callable[..., Any], merge_config: Any, *args: 
         config=merge_config, options=options, out_path=out_path, in_run_merge=True, fast_loading=True
     )
     with session.active(merge):
+        config_checks.check_devices(options)
         planning.check_inputs(merge_config, card=config_source is None and getattr(options, "write_model_card", False))
         loading.install()  # linear-time tensor loading, for this merge only (fast_loading)
         try:
+            before = output_checks.weight_files(out_path)
             result = run_merge(merge_config, *args, **kwargs)
+            output_checks.remove_stale_weights(out_path, before)
             for folder, payload in merge.pending:  # last: the marker of a finished merge
                 planning.write_statistics(folder, payload)
             return result
@@ -139,6 +151,25 @@ def _plan_to_disk(original: Callable[[Any, str], list[Any]], planner: Any, out_p
         if current.report is not None:
             planning.queue_statistics(current, tasks, out_path)
     return tasks
+
+
+def round_once(merge_method: Any) -> None:
+    """Hand the dtype mergekit writes a tensor in to the kernel (`session.out_dtype`), so it rounds once.
+
+    mergekit's `GroupMergeMethod._execute` computes in the input dtype and casts the result to
+    `out_dtype`: bfloat16 inputs with `out_dtype: float32` would be rounded to bfloat16 first.
+    Only this method object's `_execute` is wrapped (an attribute of our own instance).
+    """
+    if getattr(merge_method.__dict__.get("_execute"), _MARK, False):
+        return
+    original = merge_method._execute
+
+    def _execute(*args: Any, out_dtype: Any = None, **kwargs: Any) -> Any:
+        with session.writing(out_dtype):
+            return original(*args, out_dtype=out_dtype, **kwargs)
+
+    _mark(_execute, original)
+    merge_method._execute = _execute
 
 
 def wrap(cls: type, name: str, replacement: Callable[..., Any]) -> None:

@@ -24,12 +24,12 @@ from mergekit.graph import Task
 
 from mergekit_ram import cache, config_checks, files, input_checks, kernel, output_checks, report, statistics, tables
 from mergekit_ram._mergekit import surface
-from mergekit_ram.method import NAME, resolves_to_ours
+from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
 from mergekit_ram.session import MergeSession, Planned, active
 
 LOG = logging.getLogger("mergekit_ram")
 
-STATS_FILE = "ram_stats.json"
+STATS_FILE = output_checks.STATS_FILE
 _PARAMETERS = ("epsilon", "r", "alpha", "rho_scope", "lambda_rule")
 
 
@@ -64,11 +64,14 @@ def prepare(planner: Any, current: MergeSession) -> None:
         if current.mode == "inspect":
             raise ValueError("nothing to inspect: the config plans no tensor")
         return
+    found = _round_once_to_out_dtype(planner, found)
     tasks = [task for _, task in found]
-    current.planned = [_summary(task) for task in tasks]
     headers: dict[str, dict] = {}  # each file's header, read once
     input_checks.check_stored_tensors([_stored_row(task, headers) for task in tasks])
     _warn_stored_dtypes(planner.config, tasks[0])
+    tied = _tied_copies(planner, tasks)
+    tasks = [t for t in tasks if t.output_weight.name not in tied]  # a tied pair is counted once
+    current.planned = [_summary(task) for task in tasks]
     needs = {
         model
         for task in tasks
@@ -81,9 +84,9 @@ def prepare(planner: Any, current: MergeSession) -> None:
     if not needs and current.mode == "merge":
         LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")
     if current.stats is not None and current.mode == "merge":
-        _inject(planner, found, current.stats, needs)
+        _inject(planner, found, current.stats, needs, tied)
     current.report = report.build(
-        current.stats, current.planned, source=current.source, identities=_identities(tasks[0])
+        current.stats, current.planned, source=current.source, identities=_identities(tasks[0]), tied=tied
     )
     if current.stats is None or current.mode != "merge":
         return
@@ -115,6 +118,45 @@ def _planned_tasks(planner: Any) -> list[tuple[int, Any]]:
     return found
 
 
+def _round_once_to_out_dtype(planner: Any, found: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """Give each planned merge task the dtype it is written in, so the kernel rounds once, to it.
+
+    mergekit plans merge tasks without `out_dtype` and casts when saving: the kernel's float32
+    result would be rounded to the input dtype (bfloat16) first, then widened to float32.
+    """
+    wanted = getattr(planner.config, "out_dtype", None)
+    out = []
+    for index, task in found:
+        dtype = task.output_weight.force_dtype or wanted
+        if dtype and task.out_dtype is None:
+            task = task.model_copy(update={"out_dtype": dtype})
+            surface.replace_planned(planner, index, task)
+        out.append((index, task))
+    return out
+
+
+def _tied_copies(planner: Any, tasks: list[Any]) -> dict[str, str]:
+    """Planned tensors the output ties to another planned tensor (`tie_word_embeddings`: an exporter's
+    stored `lm_head` copy of the embeddings): copy -> the tensor it is tied to.
+
+    Such a pair is one set of parameters in the model transformers loads, so it is counted once,
+    whether or not an exporter also stored the copy; the copy is merged and written as mergekit does,
+    with the rho of the tensor it is tied to.
+    """
+    config: Any = planner.out_model_config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not getattr(text, "tie_word_embeddings", False):
+        return {}
+    names = {t.output_weight.name for t in tasks}
+    tied: dict[str, str] = {}
+    for task in tasks:
+        name = task.output_weight.name
+        target = next((n for n in task.output_weight.tied_names or () if n in names and n != name), None)
+        if target is not None and target not in tied:
+            tied[name] = target
+    return tied
+
+
 def _summary(task: Any) -> Planned:
     agents = _agents(task)
     return Planned(
@@ -131,10 +173,13 @@ def _agents(task: Any) -> list[Any]:
 
 
 def _weight_infos(task: Any) -> dict[Any, Any]:
+    """model -> WeightInfo of the loading task under any wrappers (vocabulary alignment,
+    `--unsafe-truncate-embeddings`: a wrapper's own `weight_info` is one WeightInfo, not a map)."""
     gather = task.gather_tensors
-    while not hasattr(gather, "weight_info") and hasattr(gather, "gather_tensors"):
+    while not hasattr(getattr(gather, "weight_info", None), "items") and hasattr(gather, "gather_tensors"):
         gather = gather.gather_tensors
-    return dict(gather.weight_info.items()) if hasattr(gather, "weight_info") else {}
+    infos: Any = getattr(gather, "weight_info", None)
+    return dict(infos.items()) if hasattr(infos, "items") else {}
 
 
 def _stored_row(task: Any, headers: dict[str, dict]) -> tuple[str, str, bool, dict[str, input_checks.Stored]]:
@@ -283,7 +328,9 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def _inject(planner: Any, found: list[tuple[int, Any]], stats: statistics.Statistics, needs: set[Any]) -> None:
+def _inject(
+    planner: Any, found: list[tuple[int, Any]], stats: statistics.Statistics, needs: set[Any], tied: dict[str, str]
+) -> None:
     from mergekit.common import ImmutableMap
 
     by_scope: dict[str, dict[str, dict[str, float]]] = {}
@@ -291,7 +338,8 @@ def _inject(planner: Any, found: list[tuple[int, Any]], stats: statistics.Statis
         scope = task.parameters["rho_scope"]
         if scope not in by_scope:
             by_scope[scope] = stats.rho(scope)
-        rhos = by_scope[scope].get(statistics.scope_group(task.output_weight.name, scope))
+        name = tied.get(task.output_weight.name, task.output_weight.name)  # a tied copy: its target's rho
+        rhos = by_scope[scope].get(statistics.scope_group(name, scope))
         if rhos is None:
             continue  # a buffer: copied, never merged
         inputs = {}
@@ -409,7 +457,7 @@ def queue_statistics(current: MergeSession, tasks: list[Any], out_path: str) -> 
 def write_statistics(out_path: str, payload: str) -> None:
     """Write ram_stats.json atomically; a failure names the file and leaves no temp file."""
     os.makedirs(out_path, exist_ok=True)
-    files.write_atomic(os.path.join(out_path, STATS_FILE), payload)
+    files.write_atomic(os.path.join(out_path, STATS_FILE), payload, private=False)  # readable like mergekit's files
 
 
 def remove_stale_statistics(out_path: str) -> None:
@@ -418,13 +466,11 @@ def remove_stale_statistics(out_path: str) -> None:
     if os.path.isfile(path) and not os.path.islink(path):
         LOG.info("ramplus: removing %s of an earlier merge (it is written again when this merge finishes)", path)
         os.unlink(path)
-    weights = sorted(
-        n for n in (os.listdir(out_path) if os.path.isdir(out_path) else []) if n.endswith((".safetensors", ".bin"))
-    )
+    weights = sorted(output_checks.weight_files(out_path))
     if weights:
         LOG.warning(
-            "ramplus: the output folder %s already holds %s; mergekit overwrites the files it writes again and "
-            "leaves the others (remove stale shards yourself)",
+            "ramplus: the output folder %s already holds %s; the weight files this merge does not write again "
+            "are removed when it finishes",
             out_path,
             ", ".join(weights),
         )
@@ -446,6 +492,7 @@ def inspect(config: Any, options: Any) -> MergeSession:
 
     from mergekit_ram._mergekit import loading
 
+    refuse_foreign(NAME)  # inspect plans as ramplus
     problems = surface.problems(surface.PREPASS) + surface.problems(surface.MERGE)
     if problems:
         raise RuntimeError("mergekit-ram cannot inspect: " + "; ".join(problems))
@@ -456,6 +503,7 @@ def inspect(config: Any, options: Any) -> MergeSession:
     loading.install()
     with active(current):
         check_config(current)
+        config_checks.check_devices(options)
         input_checks.check_input_files(config)
         arch_info = get_architecture_info(config, options)
         loaders = LoaderCache()

@@ -70,8 +70,13 @@ NAMES: tuple[Name, ...] = (
     *_fields(
         "ExecuteMergeMethodTask",
         _ADAPTER,
-        "method_name gather_tensors model_order base_model output_weight parameters input_parameters dtype",
+        "method_name gather_tensors model_order base_model output_weight parameters input_parameters dtype out_dtype",
     ),
+    Name(_PLAN, "MergePlanner.out_model_config", PREPASS, "annotation"),
+    Name("mergekit.architecture.base", "WeightInfo.tied_names", PREPASS, "field"),
+    Name("mergekit.architecture.base", "WeightInfo.force_dtype", PREPASS, "field"),
+    # out_dtype reaches the method's `_execute` (wrapped per method object, so the kernel rounds once)
+    Name("mergekit.merge_methods.base", "GroupMergeMethod._execute", PREPASS),
     Name(_ADAPTER, "TensorDictWrapper", PREPASS),
     # running the count tasks on mergekit's own executors
     Name("mergekit.graph", "Task", PREPASS),

@@ -29,6 +29,8 @@ CATEGORIES = {
     "test_process_faults": "faults",
     "test_native_build": "native build security",
     "test_plugin_isolation": "plugin isolation",
+    "test_outputs": "outputs",
+    "test_mergekit_options": "mergekit options",
 }
 ORDER = list(CATEGORIES.values())
 
@@ -65,7 +67,7 @@ ELSEWHERE = {
     "tests/test_cache.py::test_unusable_cache_folder_does_not_claim_a_corrupt_entry": "cache",
     "tests/test_finder.py::test_broken_registration_does_not_break_mergekit": "plugin isolation",
     "tests/test_finder.py::test_incompatible_mergekit_disables_prepass_but_not_mergekit": "plugin isolation",
-    "tests/test_finder.py::test_name_collision_prepass_leaves_foreign_method_alone": "plugin isolation",
+    "tests/test_finder.py::test_name_collision_merge_is_refused_not_run_under_our_name": "plugin isolation",
 }
 
 

@@ -19,7 +19,7 @@ import shutil
 
 import models
 import pytest
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from reliability.conftest import config_yaml, copy_models, full_disk, inputs
 
@@ -162,3 +162,42 @@ def test_agent_replaced_by_rename_with_mtime_restored(rel, qwen_bf16, run_yaml, 
     after = run_yaml(text)
     assert after.count_calls > 0, "statistics of the replaced file were reused"
     rel.matches_reference(after.tensors, *inputs(copies["base"], agents))
+
+
+def test_shard_in_a_sub_folder_rewritten_in_place(rel, qwen_bf16, run_yaml, cache_dir, tmp_path):
+    """An index naming shards in a sub-folder: a shard rewritten in place (same size, mtime
+    restored) is part of the cache identity like the top-level files, so it is counted afresh."""
+    fam = qwen_bf16.family
+    agent = tmp_path / "m" / "A"
+    models.write_checkpoint(agent, models.make_config("qwen2", False, fam.dtype), fam.agents["A"], shards=2)
+    (agent / "weights").mkdir()
+    index = json.loads((agent / "model.safetensors.index.json").read_text())
+    for shard in set(index["weight_map"].values()):
+        (agent / shard).rename(agent / "weights" / shard)
+    index["weight_map"] = {k: f"weights/{v}" for k, v in index["weight_map"].items()}
+    (agent / "model.safetensors.index.json").write_text(json.dumps(index))
+    agents = [str(agent), qwen_bf16.path("B")]
+    text = config_yaml(qwen_bf16.path("base"), agents)
+    run_yaml(text)
+    name = "model.layers.1.mlp.gate_proj.weight"
+    shard = agent / index["weight_map"][name]
+    changed = models.perturb(fam.agents["A"], {name: dict.fromkeys(fam.regions[name]["B"].tolist(), 0.03125)})
+    part = {k: v for k, v in changed.items() if index["weight_map"][k] == index["weight_map"][name]}
+    fresh = tmp_path / "new.safetensors"
+    save_file(part, str(fresh), metadata={"format": "pt"})
+    st = os.stat(shard)
+    assert os.stat(fresh).st_size == st.st_size
+    with open(shard, "r+b") as f:  # in place: same inode
+        f.write(fresh.read_bytes())
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    from mergekit.io.tasks import LoaderCache
+
+    LoaderCache().flush_all()
+    rel.watch(agent, *qwen_bf16.paths.values())
+    after = run_yaml(text)
+    assert after.count_calls > 0, "statistics of the rewritten shard were reused"
+    base, sds = inputs(qwen_bf16.path("base"), agents[1:])
+    rewritten = {}
+    for f in sorted((agent / "weights").glob("*.safetensors")):
+        rewritten.update(load_file(str(f)))
+    rel.matches_reference(after.tensors, base, {str(agent): rewritten, **sds})

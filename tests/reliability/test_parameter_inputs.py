@@ -113,3 +113,22 @@ def test_r_and_alpha_at_their_bound_merge(rho_one, rel, qwen_bf16, run_yaml):
 @pytest.fixture
 def rho_one():
     return {i: {"rho": 1.0} for i in range(3)}
+
+
+@pytest.mark.parametrize("name", ["epsilon", "r", "alpha"])
+@pytest.mark.parametrize("value", ["1e-5", None, True], ids=["string", "none", "bool"])
+def test_api_parameter_of_the_wrong_type_names_it(rel, name, value):
+    """The Python API: a value that is not a number is an error naming the parameter, not a bare
+    TypeError from a comparison."""
+    import torch
+
+    import mergekit_ram
+
+    base = {"w": torch.zeros(4)}
+    agents = [{"w": torch.tensor([0.1, 0.0, 0.0, 0.0])}]
+    for call in (mergekit_ram.merge_state_dicts, mergekit_ram.agent_statistics):
+        if call is mergekit_ram.agent_statistics and name != "epsilon":
+            continue
+        with pytest.raises((TypeError, ValueError)) as info:
+            call(base, agents, **{name: value})
+        rel.names(info, name, "must be a number")

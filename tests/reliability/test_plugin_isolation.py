@@ -138,3 +138,59 @@ def test_mergekit_methods_unaffected(rel, qwen_bf16, mergekits_own, run_yaml, mo
         raise
     rel.case.merges_compared += 1
     assert "ram_stats.json" not in run.files
+
+
+FOREIGN = textwrap.dedent(
+    """
+    import json, sys, torch
+    import mergekit.merge_methods as m
+
+    # another package (a mergekit fork) registers its own `ramplus` before mergekit-ram loads
+    @m.merge_method(name="ramplus", pretty_name="a fork's RAM+")
+    def forks_ramplus(group: m.TensorGroup) -> torch.Tensor:
+        return group.entries[0].tensor
+
+    m.register(forks_ramplus)
+    import mergekit_ram, mergekit.plan
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import run_merge
+    from mergekit.options import MergeOptions
+    import yaml
+    config, out, inspect_config = sys.argv[1:]
+    result = {}
+    try:
+        run_merge(MergeConfiguration.model_validate(yaml.safe_load(open(config).read())), out,
+                  options=MergeOptions(copy_tokenizer=False, quiet=True))
+        result["merge"] = None
+    except Exception as error:
+        result["merge"] = f"{type(error).__name__}: {error}"
+    from mergekit_ram import cli
+    result["inspect_rc"] = cli.main(["inspect", inspect_config, "--quiet"])
+    print(json.dumps(result))
+    """
+)
+
+
+def test_ramplus_owned_by_another_package_is_refused(rel, qwen_bf16, tmp_path):
+    """A `ramplus` registered first by another package: neither a merge nor `inspect` runs that
+    method under our name; both say which module owns the name and what to do."""
+    config = tmp_path / "ramplus.yml"
+    config.write_text(config_yaml(qwen_bf16.path("base"), [qwen_bf16.path("A"), qwen_bf16.path("B")]))
+    out = tmp_path / "merged"
+    rel.watch(*qwen_bf16.paths.values())
+    env = {**os.environ, "MERGEKIT_RAM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "MERGEKIT_RAM_CACHE": "off"}
+    proc = subprocess.run(
+        [sys.executable, "-c", FOREIGN, str(config), str(out), str(config)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["merge"] is not None, "the other package's ramplus merged under our name"
+    rel.names(result["merge"], "registered by __main__", "not by mergekit-ram", "MERGEKIT_RAM_DISABLE=1")
+    assert not out.exists() or not list(out.iterdir()), sorted(p.name for p in out.iterdir())
+    assert result["inspect_rc"] == 2
+    rel.names(proc.stderr, "mergekit-ram inspect: error", "registered by __main__", "MERGEKIT_RAM_DISABLE=1")

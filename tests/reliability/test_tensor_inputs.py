@@ -225,3 +225,17 @@ def test_integer_buffer_equal_everywhere_is_copied(rel):
     merged = mergekit_ram.merge_state_dicts(base, [agent])
     assert torch.equal(merged["step"], base["step"]) and merged["step"].dtype == torch.int64
     rel.matches_reference({"w": merged["w"]}, base, [agent], names=["w"])
+
+
+def test_api_non_float_tensor_names_the_agent_that_differs(rel):
+    """A float tensor in the base and a non-float one in the second agent (the first agent's float
+    differs from the base, as any update does): the message names the second agent only."""
+    import mergekit_ram
+
+    base = {"w": torch.linspace(-1, 1, 12).reshape(3, 4), "scale": torch.ones(4)}
+    first = {"w": base["w"] + 0.1, "scale": torch.full((4,), 1.5)}
+    second = {"w": base["w"] - 0.1, "scale": torch.ones(4, dtype=torch.int8)}
+    with pytest.raises(ValueError) as info:
+        mergekit_ram.merge_state_dicts(base, {"first": first, "second": second})
+    message = rel.names(info, "scale", "'second'", "torch.int8")
+    assert "'first'" not in message, message
