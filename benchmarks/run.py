@@ -59,43 +59,87 @@ NOISY = 1.2  # max/min wall over repeats above which a row is flagged
 # --------------------------------------------------------------------------- #
 # Linux folds the pre-exec image's RSS (for a vfork'd child: the parent's peak) into the child's
 # ru_maxrss, so children are started by this ~10 MB launcher, not by the runner (which imports
-# torch). It times its child and reports wait4's rusage and the machine's CPU ticks.
+# torch). It times its child and reports wait4's rusage and the machine's CPU ticks, and samples
+# RssAnon / RssFile (/proc/PID/status) over the child's process tree every SAMPLE_S seconds: ru_maxrss
+# counts mmapped input pages, which are page cache the kernel can drop, RssAnon is the memory a merge needs.
 LAUNCHER = r"""
-import json, os, subprocess, sys, time
+import json, os, subprocess, sys, threading, time
 def ticks():
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     return sum(v), v[3] + v[4]
+def tree(pid):
+    # the child and its descendants, from /proc/PID/task/TID/children
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+KEYS = ("RssAnon", "RssFile", "VmRSS")
+def memory(pids):
+    # (RssAnon, RssFile, VmRSS) in KiB summed over the processes
+    tot = [0, 0, 0]
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    k = line.split(":", 1)[0]
+                    if k in KEYS:
+                        tot[KEYS.index(k)] += int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+    return tot
 t0 = ticks()
 start = time.perf_counter()
-limit = float(sys.argv[2])
-proc = subprocess.Popen(sys.argv[3:])
+limit, every = float(sys.argv[2]), float(sys.argv[3])
+proc = subprocess.Popen(sys.argv[4:])
 timer = None
 if limit > 0:
-    import threading
     timer = threading.Timer(limit, proc.kill)
     timer.start()
+peak, samples, done = [0, 0, 0], [0], threading.Event()
+def sample():
+    while not done.is_set():
+        for i, v in enumerate(memory(tree(proc.pid))):
+            peak[i] = max(peak[i], v)
+        samples[0] += 1
+        done.wait(every)
+sampler = threading.Thread(target=sample, daemon=True)
+if every > 0:
+    sampler.start()
 _, status, usage = os.wait4(proc.pid, 0)
+done.set()
+wall = time.perf_counter() - start
 if timer is not None:
     timer.cancel()  # else the launcher lingers until the limit, after the child is done
-wall = time.perf_counter() - start
 t1 = ticks()
 proc.returncode = os.waitstatus_to_exitcode(status)
 with open(sys.argv[1], "w") as f:
     json.dump({"wall_s": wall, "rc": proc.returncode, "maxrss_kib": usage.ru_maxrss, "user_s": usage.ru_utime,
-               "sys_s": usage.ru_stime, "busy_ticks": (t1[0] - t0[0]) - (t1[1] - t0[1])}, f)
+               "sys_s": usage.ru_stime, "busy_ticks": (t1[0] - t0[0]) - (t1[1] - t0[1]),
+               "majflt": usage.ru_majflt, "minflt": usage.ru_minflt, "inblock": usage.ru_inblock,
+               "oublock": usage.ru_oublock, "peak_rss_anon_kib": peak[0], "peak_rss_file_kib": peak[1],
+               "peak_rss_sampled_kib": peak[2], "samples": samples[0]}, f)
 """
+SAMPLE_S = 0.2  # RssAnon / RssFile sampling interval of the launcher
 
 
-def measure(cmd: list[str], env: dict, timeout: float = 0) -> dict:
-    """Run cmd; wall time around the whole process and the child's own peak RSS (wait4).
+def measure(cmd: list[str], env: dict, timeout: float = 0, sample_s: float = SAMPLE_S) -> dict:
+    """Run cmd; wall time around the whole process, the child's own peak RSS (wait4) and sampled peak RssAnon.
 
     With a timeout (s), a process still running then is killed and recorded as timed out."""
     with tempfile.TemporaryDirectory() as tmp:
         result, log = Path(tmp, "result.json"), Path(tmp, "log")
         load = os.getloadavg()[0]
         with open(log, "wb") as out:
-            launcher = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(result), str(timeout), *cmd], stdout=out,
+            launcher = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(result), str(timeout), str(sample_s),
+                                         *cmd], stdout=out,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
             try:
                 launcher.wait()
@@ -111,7 +155,13 @@ def measure(cmd: list[str], env: dict, timeout: float = 0) -> dict:
         others = m["busy_ticks"] / os.sysconf("SC_CLK_TCK") - child
         run = {"wall_s": round(m["wall_s"], 4), "maxrss_kib": m["maxrss_kib"], "user_s": round(m["user_s"], 3),
                "sys_s": round(m["sys_s"], 3), "others_cpu_s": round(max(others, 0.0), 2),
-               "returncode": rc, "ok": rc == 0, "loadavg_1m": load}
+               "returncode": rc, "ok": rc == 0, "loadavg_1m": load,
+               # KiB; sampled every sample_s over the process tree (a process shorter than that may show 0)
+               "peak_rss_anon_kib": m["peak_rss_anon_kib"], "peak_rss_file_kib": m["peak_rss_file_kib"],
+               "peak_rss_sampled_kib": m["peak_rss_sampled_kib"], "rss_samples": m["samples"],
+               # bytes read from / written to storage (rusage blocks of 512 bytes) and major page faults
+               "read_gb": round(m["inblock"] * 512 / 1e9, 3), "written_gb": round(m["oublock"] * 512 / 1e9, 3),
+               "majflt": m["majflt"], "minflt": m["minflt"]}
         if rc == -9 and timeout and m["wall_s"] >= timeout:
             run["timed_out"] = True
         if rc != 0:
@@ -176,6 +226,13 @@ class Bench:
             result["cache_hit"] = bool(before) and _cache_state(self.warm_cache) == before
         return result
 
+    def prepare(self) -> None:
+        """Untimed, before every timed process: drop the page cache (--drop-cache) or read every input once."""
+        if self.args.drop_cache:
+            drop_page_cache()
+        else:
+            self.read_inputs()
+
     def read_inputs(self) -> None:
         """Untimed: read every input file once, so runs start from a warm page cache."""
         buf = bytearray(1 << 24)
@@ -190,7 +247,8 @@ class Bench:
 
         The kernel is compiled once per machine (a few seconds); a cold run measures new models, not a new machine.
         """
-        self.read_inputs()
+        if not self.args.drop_cache:
+            self.read_inputs()
         for cache in (self.scratch / "cold-cache", self.warm_cache):
             env = {**os.environ, "MERGEKIT_RAM_CACHE": str(cache)}
             subprocess.run([sys.executable, "-c", "from mergekit_ram import native; native.library()"], env=env,
@@ -200,6 +258,16 @@ class Bench:
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def drop_page_cache() -> None:
+    """Write back dirty pages, then drop the page cache, dentries and inodes of the whole machine (root only)."""
+    os.sync()
+    with open(DROP_CACHES, "w") as f:
+        f.write("3\n")
 
 
 def cpu_ticks() -> tuple[int, int]:
@@ -251,14 +319,18 @@ def bench(name: str, methods: list[str], args) -> dict:
                     runs[m].append({"ok": False, "skipped": "failed or timed out earlier", "repeat": rep})
                     continue
                 for attempt in range(1 + args.retry_disturbed):
-                    b.read_inputs()  # a big merge before may have evicted the inputs
+                    if not args.drop_cache:
+                        b.prepare()  # a big merge before may have evicted the inputs
                     busy = wait_idle(args.wait_idle) if args.wait_idle else cpu_busy(0.2)
+                    if args.drop_cache:
+                        b.prepare()  # after the wait: nothing reads the inputs back in between
                     r = {"repeat": rep, "busy_before": busy, "sources": sources_digest(), **b.run(m)}
                     r["disturbed"] = r["others_cpu_s"] > 1.0 + 0.05 * r["wall_s"]
                     runs[m].append(r)
                     status = "ok" if r["ok"] else f"FAILED: {r['error']}"
                     print(f"[{name} {rep + 1}/{args.repeats}] {m:<16} {r['wall_s']:8.2f} s "
-                          f"{r['maxrss_kib'] / 1e6 * 1.024:6.2f} GB  busy before {busy:4.0%}, others "
+                          f"{r['maxrss_kib'] / 1e6 * 1.024:6.2f} GB (anon {r['peak_rss_anon_kib'] / 1e6 * 1.024:5.2f}, "
+                          f"read {r['read_gb']:5.1f} GB)  busy before {busy:4.0%}, others "
                           f"{r['others_cpu_s']:5.1f} CPU s  {status}{' (disturbed)' if r['disturbed'] else ''}"
                           f"{' (cache miss)' if r.get('cache_hit') is False else ''}", flush=True)
                     if not (r["ok"] and not valid(r)) or attempt == args.retry_disturbed:
@@ -277,6 +349,7 @@ def bench(name: str, methods: list[str], args) -> dict:
                         "config": b.config(*METHODS[m][1:]) if METHODS[m][1] else None,
                         "runs": runs[m], "summary": summarize(runs[m])} for m in methods},
         "priming": prime,
+        "page_cache": "dropped before every run" if args.drop_cache else "warm (inputs read before every run)",
         "total_wall_s": round(time.perf_counter() - start, 2),
     }
 
@@ -304,8 +377,11 @@ def summarize(runs: list[dict]) -> dict:
     clean = [r for r in ok if valid(r)]
     use = clean or ok  # runs still invalid after all retries count only when no valid run exists
     walls = [r["wall_s"] for r in use]
+    anon = [r["peak_rss_anon_kib"] * 1024 / 1e9 for r in use if r.get("rss_samples")]  # absent in older results
     return {"ok": True, "n": len(use), "wall_s": statistics.median(walls), "wall_min_s": min(walls),
             "wall_max_s": max(walls), "rss_gb": statistics.median(r["maxrss_kib"] * 1024 / 1e9 for r in use),
+            "rss_anon_gb": statistics.median(anon) if anon else None,
+            "read_gb": statistics.median(r["read_gb"] for r in use) if all("read_gb" in r for r in use) else None,
             "failed_runs": len(runs) - len(ok), "invalid_left_out": len(ok) - len(use),
             "invalid_used": len(use) - len(clean)}
 
@@ -382,15 +458,24 @@ def _fmt(x, spec=".2f", suffix="") -> str:
 def workload_markdown(res: dict) -> str:
     s = {m: v["summary"] for m, v in res["methods"].items()}
     startup = s.get("help", {}).get("wall_s") if s.get("help", {}).get("ok") else None
-    ta, ram = s.get("task_arithmetic"), s.get("ram")
-    lines = [f"## {res['workload']['name']}: {describe(res['workload'])}", "",
-             "| method | wall s (median) | peak RSS GB | × task_arithmetic | × ram | merge phase s | wall s min–max |",
-             "|---|---|---|---|---|---|---|"]
+    ta, ram, floor = s.get("task_arithmetic"), s.get("ram"), s.get("io_floor")
+    # the I/O-floor and RssAnon columns only where measured (older results.json have neither)
+    floor_col = bool(floor and floor["ok"])
+    anon_col = any(x.get("rss_anon_gb") is not None for x in s.values())
+    lines = [f"## {res['workload']['name']}: {describe(res['workload'])}", ""]
+    if res.get("page_cache"):
+        lines += [f"Page cache: {res['page_cache']}"
+                  + (" (`sync; echo 3 > /proc/sys/vm/drop_caches`, as root)." if res["page_cache"].startswith("dropped")
+                     else "."), ""]
+    lines += ["| method | wall s (median) | peak RSS GB |" + (" peak RssAnon GB | read GB |" if anon_col else "")
+              + " × task_arithmetic | × ram |" + (" × I/O floor |" if floor_col else "")
+              + " merge phase s | wall s min–max |",
+              "|---|---|---|" + ("---|---|" if anon_col else "") + "---|---|" + ("---|" if floor_col else "") + "---|---|"]
     for m, v in res["methods"].items():
         x = s[m]
         if not x["ok"]:
             what = f"> {x['timed_out_s']:.0f} (timed out)" if x.get("timed_out_s") else f"**failed**: {x['error']}"
-            lines.append(f"| {v['label']} | {what} | — | — | — | — | — |")
+            lines.append(f"| {v['label']} | {what} |" + " — |" * (5 + 2 * anon_col + floor_col))
             continue
         phase = x["wall_s"] - startup if startup is not None and m not in ("help", "io_floor") else None
         ratios = (None, None) if m == "help" else (_ratio(x, ta), _ratio(x, ram))
@@ -400,11 +485,16 @@ def workload_markdown(res: dict) -> str:
         if x.get("invalid_used"):
             notes.append(f"{x['invalid_used']} of {x['n']} disturbed or cache misses")
         failed = f" ({'; '.join(notes)})" if notes else ""
-        lines.append(f"| {v['label']} | {x['wall_s']:.2f} | {x['rss_gb']:.2f} | {_fmt(ratios[0], '.2f', '×')} | "
-                     f"{_fmt(ratios[1], '.2f', '×')} | {_fmt(phase)} | {x['wall_min_s']:.2f}–{x['wall_max_s']:.2f}{failed} |")
+        anon = f" {_fmt(x.get('rss_anon_gb'))} | {_fmt(x.get('read_gb'), '.1f')} |" if anon_col else ""
+        vs_floor = f" {_fmt(None if m == 'help' else _ratio(x, floor), '.2f', '×')} |" if floor_col else ""
+        lines.append(f"| {v['label']} | {x['wall_s']:.2f} | {x['rss_gb']:.2f} |{anon} {_fmt(ratios[0], '.2f', '×')} | "
+                     f"{_fmt(ratios[1], '.2f', '×')} |{vs_floor} {_fmt(phase)} | "
+                     f"{x['wall_min_s']:.2f}–{x['wall_max_s']:.2f}{failed} |")
     noisy = [f"{res['methods'][m]['label']} ({x['wall_max_s'] / x['wall_min_s']:.2f}×)" for m, x in s.items()
              if x["ok"] and x["wall_max_s"] > NOISY * x["wall_min_s"]]
     lines += ["", targets(s, startup), ""]
+    if floor_col and str(res.get("page_cache", "")).startswith("dropped"):
+        lines += [floor_targets(s), ""]
     if noisy:
         lines += [f"Noisy (max/min wall over repeats > {NOISY}): {', '.join(noisy)}.", ""]
     timed = [(r.get("others_cpu_s", 0.0), v["label"]) for v in res["methods"].values() for r in v["runs"]
@@ -456,6 +546,24 @@ def targets(s: dict, startup: float | None) -> str:
     return "Targets: " + "; ".join(out) + "." if out else "Targets: not evaluated."
 
 
+def floor_targets(s: dict) -> str:
+    """Disk-bound targets (page cache dropped): ramplus against the I/O floor of the same inputs, RssAnon vs TA."""
+    floor, ta = s["io_floor"], s.get("task_arithmetic")
+    out = []
+    for mid, limit in (("ramplus_warm", 1.3), ("ramplus_r0", 1.3), ("ramplus_cold", 1.45)):
+        x = s.get(mid)
+        if x and x["ok"]:
+            r = x["wall_s"] / floor["wall_s"]
+            out.append(f"{METHODS[mid][0]} ≤ {limit}× I/O floor: {'**met**' if r <= limit else '**MISSED**'} ({r:.2f}×)")
+    ours = [s[m]["rss_anon_gb"] for m in ("ramplus_cold", "ramplus_warm", "ramplus_r0")
+            if s.get(m, {}).get("ok") and s[m].get("rss_anon_gb") is not None]
+    if ours and ta and ta["ok"] and ta.get("rss_anon_gb") is not None:
+        peak = max(ours)
+        out.append(f"ramplus peak RssAnon ≤ task_arithmetic's: {'**met**' if peak <= ta['rss_anon_gb'] else '**MISSED**'} "
+                   f"({peak:.2f} vs {ta['rss_anon_gb']:.2f} GB)")
+    return "I/O-floor targets (page cache dropped): " + ("; ".join(out) if out else "not evaluated") + "."
+
+
 def header_markdown(report: dict) -> str:
     m = report["machine"]
     return "\n".join([
@@ -465,7 +573,8 @@ def header_markdown(report: dict) -> str:
         f"commit {str(m['git_commit'])[:12]}{' (dirty tree)' if m['git_dirty'] else ''}, "
         f"mergekit_ram sources {m.get('mergekit_ram_sources_sha256')}.",
         f"Command: `{report['command']}`; {report['repeats']} repeats, methods round-robin, medians; "
-        f"whole processes, warm page cache. Total benchmark wall time {report['total_wall_s']:.0f} s.", "", ""])
+        f"whole processes, {'page cache dropped before every run' if report.get('drop_cache') else 'warm page cache'}; "
+        f"peak RssAnon sampled every {report.get('sample_s', SAMPLE_S)} s over the process tree. Total benchmark wall time {report['total_wall_s']:.0f} s.", "", ""])
 
 
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
@@ -652,11 +761,16 @@ def parse(argv=None):
                         "time in CPU meanwhile, or when a warm run missed the statistics cache")
     p.add_argument("--timeout", type=float, default=0, metavar="S",
                    help="kill a merge still running after S seconds and report it as '> S' (0: no limit)")
+    p.add_argument("--drop-cache", action="store_true",
+                   help="before every timed process, `sync; echo 3 > /proc/sys/vm/drop_caches` (root only) instead of "
+                        "reading the inputs into the page cache: disk-bound merges, as when the inputs exceed RAM")
     p.add_argument("--no-chart", action="store_true")
     p.add_argument("--rerender", action="store_true", help="only rewrite results.md/chart from OUT/results.json")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
+    if args.drop_cache and not args.rerender and not os.access(DROP_CACHES, os.W_OK):
+        p.error(f"--drop-cache needs root (write access to {DROP_CACHES})")
     return args
 
 
@@ -677,6 +791,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "argv": sys.argv,
               "repeats": args.repeats, "methods": methods, "scaling": args.scaling, "no_chart": args.no_chart,
+              "drop_cache": args.drop_cache, "sample_s": SAMPLE_S,
               "machine": machine(args), "workloads": []}
     for name in names:
         workloads.get(name, args.root)  # build outside the timed region

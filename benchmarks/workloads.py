@@ -24,11 +24,16 @@ DENSITIES = (0.03, 0.46, 0.54, 0.25, 0.10, 0.35, 0.50, 0.05)
 
 
 def spec(arch="qwen2", hidden=1024, layers=12, vocab=32000, agents=3, tied=False,
-         experts=None, intermediate=None, heads=None, densities=DENSITIES) -> dict:
+         experts=None, intermediate=None, heads=None, densities=DENSITIES, kv_heads=None,
+         shard_size=None) -> dict:
     """`build_workload` keyword arguments for a bf16 workload with `agents` agents.
 
     `experts` makes a mixture of experts (arch qwen3_moe or mixtral) whose
-    experts are `intermediate` wide, stored one tensor per expert.
+    experts are `intermediate` wide, stored one tensor per expert; for a dense
+    model `intermediate` is the MLP width (default: `build_workload`'s).
+    `shard_size` (bytes) splits each model into shards with a
+    `model.safetensors.index.json`, as Hugging Face's `save_pretrained` does.
+    Keys are added only when set, so older workloads keep their markers.
     """
     heads = heads or max(1, hidden // 64)
     out = {
@@ -37,7 +42,7 @@ def spec(arch="qwen2", hidden=1024, layers=12, vocab=32000, agents=3, tied=False
         "num_layers": layers,
         "vocab_size": vocab,
         "num_heads": heads,
-        "num_kv_heads": max(1, heads // 4),  # 4:1 grouped-query attention
+        "num_kv_heads": kv_heads or max(1, heads // 4),  # default 4:1 grouped-query attention
         "tie_word_embeddings": tied,
         "densities": [densities[i % len(densities)] for i in range(agents)],
         "dtype": "bfloat16",
@@ -45,6 +50,10 @@ def spec(arch="qwen2", hidden=1024, layers=12, vocab=32000, agents=3, tied=False
     }
     if experts:
         out.update(num_experts=experts, intermediate_size=intermediate)
+    elif intermediate:
+        out["intermediate_size"] = intermediate
+    if shard_size:
+        out["shard_size"] = shard_size
     return out
 
 
@@ -54,6 +63,16 @@ WORKLOADS: dict[str, dict] = {
     "W2": spec(arch="llama", hidden=2048, layers=2, vocab=128256),  # ~615M, two 262M-element tensors
     "G1": spec(hidden=2048, layers=16, vocab=32000),  # ~0.85B, for GPU runs; not run by default
 }
+#: Real scale (not run by default; build with `python benchmarks/workloads.py R3 --root /big/disk`):
+#: Llama-3.2-3B's layout (3.21B params, tied embeddings, 25.7 GB for base + 3 agents) and Llama-3.1-8B's
+#: (8.03B params, untied, ~64 GB). Shards of at most 5 GB with an index, as `save_pretrained` writes them.
+HF_SHARD = 5 * 10**9
+WORKLOADS.update({
+    "R3": spec("llama", hidden=3072, layers=28, vocab=128256, tied=True, intermediate=8192, heads=24, kv_heads=8,
+               shard_size=HF_SHARD),
+    "R8": spec("llama", hidden=4096, layers=32, vocab=128256, intermediate=14336, heads=32, kv_heads=8,
+               shard_size=HF_SHARD),
+})
 #: Mixture-of-experts workloads, stored one tensor per expert as hub checkpoints are; RL updates are very
 #: sparse there (3 / 20 / 40 % dense agents).
 MOE_DENSITIES = (0.03, 0.20, 0.40)

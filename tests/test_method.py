@@ -451,7 +451,35 @@ def test_cuda_merge_equals_cpu(run_yaml, merged, qwen_bf16):
         assert torch.equal(gpu.tensors[name], cpu.tensors[name]), name
 
 
+def test_statistics_order_changes_nothing(run_yaml, llama_sharded, monkeypatch):
+    """The statistics pass counts in the reverse of the merge's order; the counts and the merge are the same."""
+    from mergekit_ram import kernel
+
+    order: list = []
+    real = kernel.diagnose
+
+    def recording(*args, **kwargs):
+        order.append(kwargs.get("tensor_name"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kernel, "diagnose", recording)
+    text = config_text(llama_sharded, "AB")
+    default = run_yaml(text)
+    reversed_order = list(order)
+
+    order.clear()
+    monkeypatch.setenv("MERGEKIT_RAM_STATS_ORDER", "forward")
+    plain = run_yaml(text)
+    assert sorted(order) == sorted(reversed_order) and len(order) > 2
+    assert order == sorted(order) and reversed_order[0] == max(order)  # forward: name order; default: last first
+    assert stats_by_path(default.stats) == stats_by_path(plain.stats)
+    assert set(default.tensors) == set(plain.tensors)
+    for name in plain.tensors:
+        assert torch.equal(default.tensors[name], plain.tensors[name]), name
+
+
 def test_zz_input_folders_untouched(input_snapshot):
     """Runs last in this module: no file was written into, or changed in, any input folder."""
     folders, before = input_snapshot
     assert models.snapshot(folders) == before
+

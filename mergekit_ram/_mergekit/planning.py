@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from mergekit.graph import Task
@@ -358,6 +359,8 @@ def _count(options: Any, tasks: list[Any]) -> list[statistics.TensorCounts]:
     if options.multi_gpu:
         executor = MultiGPUExecutor(targets=targets, storage_device=None if options.low_cpu_memory else "cpu")
         results = executor.run(quiet=options.quiet)
+    elif os.environ.get("MERGEKIT_RAM_STATS_ORDER", "reverse") == "reverse":
+        results = _run_reversed(targets, options)
     else:
         executor = Executor(
             targets=targets,
@@ -367,6 +370,46 @@ def _count(options: Any, tasks: list[Any]) -> list[statistics.TensorCounts]:
         results = executor.run(quiet=options.quiet, desc="RAM+ statistics")
     counted = {value.name: value for _, value in results if value is not None}
     return [counted[t.output_weight.name] for t in tasks if t.output_weight.name in counted]
+
+
+#: The statistics pass runs in at most this many executors (slices of the merge's order, last slice first).
+_SLICES = 64
+
+
+def _run_reversed(targets: list[Any], options: Any) -> Iterator[tuple[Any, Any]]:
+    """Count in the reverse of the order the merge will read, so the merge starts on what is still cached.
+
+    mergekit's executor orders tasks by `group_label()` (the tensor name), so the merge pass reads
+    tensors in that order. When the inputs exceed the page cache, a statistics pass in the same order
+    leaves only its last tensors cached and the merge evicts them before it gets there (a scan defeats
+    LRU): everything is read from disk twice. Counting slice by slice, last slice first, the merge pass
+    starts on the tensors the statistics pass read last. The counts are the same in any order
+    (`MERGEKIT_RAM_STATS_ORDER=forward` counts in the merge's order, in one executor).
+    """
+    from mergekit.graph import Executor
+
+    keyed = [(t.group_label() or "", t) for t in targets]
+    labels = sorted({label for label, _ in keyed})
+    size = -(-len(labels) // _SLICES)
+    slices = [set(labels[i : i + size]) for i in range(0, len(labels), size)]
+    bar = None
+    if not options.quiet:
+        import tqdm  # type: ignore[import-untyped]  # mergekit's own progress bars
+
+        bar = tqdm.tqdm(total=len(targets), desc="RAM+ statistics")
+    for chunk in reversed(slices):
+        part = [t for label, t in keyed if label in chunk]
+        executor = Executor(
+            targets=part,
+            math_device=options.device,
+            storage_device=options.device if options.low_cpu_memory else "cpu",
+        )
+        for item in executor.run(quiet=True):
+            if bar is not None:
+                bar.update(1)
+            yield item
+    if bar is not None:
+        bar.close()
 
 
 class CountTask(Task[statistics.TensorCounts | None]):
