@@ -183,3 +183,64 @@ def test_smoke_configuration_end_to_end_and_cached(tmp_path):
     assert str(model.dtype) == "torch.bfloat16" and model.config.vocab_size == len(T.VOCAB)
     tok = AutoTokenizer.from_pretrained(merged)
     assert tok.encode("A12+34=", add_special_tokens=False) == T.encode("A12+34=")
+
+
+# --------------------------------------------------------------------------- #
+# The shared regime: a common output format every agent's reward also requires
+# --------------------------------------------------------------------------- #
+FMT = {"open": "[", "close": "]"}
+
+
+def test_common_format_is_scored_apart_from_the_task():
+    assert T.wrap("42", FMT) == "[42]" and T.formatted("[42]", FMT)
+    for bad in ("42", "[42", "42]", "[]"[:1], "]42["):
+        assert not T.formatted(bad, FMT), bad
+    assert T.formatted("[]", FMT)  # an empty answer in the format: formatted, and wrong on content
+    # task accuracy ignores the format: the content inside it (each bracket removed where present)
+    for got in ("42", "[42]", "[42", "42]"):
+        assert T.correct(got, "42", FMT), got
+    assert not T.correct("[42]", "42") and not T.correct("[43]", "42", FMT)
+    # the reward needs both: the format and a right content
+    assert T.reward("[42]", "42", fmt=FMT) == 1.0
+    assert T.reward("42", "42", fmt=FMT) == 0.0 and T.reward("[43]", "42", fmt=FMT) == 0.0
+    assert T.reward("[42", "42", fmt=FMT) == 0.0
+    assert 0 < T.reward("[43]", "42", partial=0.5, fmt=FMT) < 0.5
+    assert T.reward("42", "42") == 1.0  # without a format: unchanged
+
+
+def test_a_corpus_has_the_format_as_often_as_asked_and_no_format_leaves_the_stream_unchanged():
+    p = {"add": T.params("add", {"digits": 2})}
+    plain = T.Sampler(["add"], p, "s", set(), noise={"add": 0.6}).task("add", 500)
+    # fmt given with share 0, or no fmt: the same examples as before the shared regime existed
+    assert T.Sampler(["add"], p, "s", set(), noise={"add": 0.6}, fmt=FMT, fmt_share=0.0).task("add", 500) == plain
+    items = T.Sampler(["add"], p, "s", set(), fmt=FMT, fmt_share=0.4).task("add", 3000)
+    share = sum(T.formatted(a, FMT) for _, a in items) / len(items)
+    assert 0.36 < share < 0.44, share
+    assert all(T.content(a, FMT) == str(sum(map(int, q[1:-1].split("+")))) for q, a in items)
+
+
+@pytest.mark.skipif(not (BIN / "mergekit-yaml").exists(), reason="mergekit-yaml not installed")
+def test_shared_regime_smoke_end_to_end(tmp_path):
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(RUN), "--config", "smoke-shared", "--root", str(tmp_path / "root"), "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["format"]["open"] == "[" and res["format"]["close"] == "]"
+    stages = res["stages"]
+    # the shared regime's base is the smoke base trained on further: two base stages, the variant its own
+    assert stages["base"]["key"] != stages["base format"]["key"]
+    assert set(stages["base format"]["history"][-1]["probe_format"]) == {"add", "reverse"}
+    assert "probe_format" in stages["agent add"]["history"][-1]
+    for row, m in res["models"].items():
+        f = m["format"]
+        assert set(f["compliance"]) == {"add", "reverse"}, row
+        assert 0 <= f["mean"] <= 1 and f["mean_ci"][0] <= f["mean"] + 1e-9 <= f["mean_ci"][1] + 2e-9, (row, f)
+    md = (out / "results.md").read_text()
+    assert "format compliance [95% CI] |" in md and "## The common behaviour" in md
+    assert "Shared regime's base" in md
+    # the agents' RL settings carry the format (their cache keys differ from the independent regime's)
+    cfg = json.loads((tmp_path / "root" / "agents" / stages["agent add"]["key"] / "stage.json").read_text())
+    assert cfg["payload"]["rl"]["format"] == {"open": "[", "close": "]"}
+    for name in ("chart.png", "density.png", "ram_stats.json"):
+        assert (out / name).stat().st_size > 0, name

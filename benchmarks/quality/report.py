@@ -15,10 +15,15 @@ def _num(x: float | None) -> float | None:
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else round(float(x), 5)
 
 
-def build(cfg: dict, pipe, correct: dict, inspected: Path | None, folders: dict[str, Path]) -> dict:
+def build(
+    cfg: dict, pipe, correct: dict, inspected: Path | None, folders: dict[str, Path], formats: dict | None = None
+) -> dict:
+    """results.json's content; `formats` ({model: {task: 1/0 per item}}, the shared regime): format compliance."""
     tasks = pipe.names
     specialists = {t: f"{t} agent" for t in tasks}
     bs = E.Bootstrap(correct, tasks, cfg["eval"]["bootstrap"], seed=cfg["seed"])
+    # the same seed and item counts: the same resamples of items as `bs` (paired)
+    fbs = E.Bootstrap(formats, tasks, cfg["eval"]["bootstrap"], seed=cfg["seed"]) if formats else None
     acc = {row: {t: E.summary(correct[row][t]) for t in tasks} for row in correct}
 
     gains = {}
@@ -47,6 +52,13 @@ def build(cfg: dict, pipe, correct: dict, inspected: Path | None, folders: dict[
             "mean_ci": [_num(x) for x in bs.interval(bs.mean(row))],
             "folder": str(folders[row]),
         }
+        if formats and fbs is not None:
+            per_task = {t: E.summary(formats[row][t]) for t in tasks}
+            entry["format"] = {
+                "compliance": {t: {k: _num(v) if k != "n" else v for k, v in per_task[t].items()} for t in tasks},
+                "mean": _num(sum(per_task[t]["acc"] for t in tasks) / len(tasks)),
+                "mean_ci": [_num(x) for x in fbs.interval(fbs.mean(row))],
+            }
         if kind == "merge":
             spec = R.MERGES[row]
             entry.update(method=spec.method, shared_parameters=spec.shared, per_model_parameters=spec.per_model)
@@ -101,7 +113,7 @@ def build(cfg: dict, pipe, correct: dict, inspected: Path | None, folders: dict[
                 )
             }
 
-    return {
+    out = {
         "tasks": {t: cfg["tasks"][t] for t in tasks},
         "eval": {
             "n": {t: len(correct["base"][t]) for t in tasks},
@@ -124,6 +136,13 @@ def build(cfg: dict, pipe, correct: dict, inspected: Path | None, folders: dict[
         "epsilon_sweep": eps_sweep,
         "ramplus_vs": comparisons,
     }
+    if formats:
+        out["format"] = {
+            **cfg["format"],
+            "scoring": "task accuracy of the answer's content whatever its format; compliance: the greedy answer "
+            "is `open` + ... + `close`",
+        }
+    return out
 
 
 def _sweep(models: dict, merges: dict[str, float], name: str) -> list[dict]:
@@ -167,9 +186,13 @@ def _sweep_table(title: str, column: str, key: str, rows: list[dict], fmt) -> li
 
 def accuracy_table(res: dict) -> list[str]:
     tasks = list(res["tasks"])
+    fmt = "format" in res
     lines = [
-        "| model | " + " | ".join(tasks) + " | mean [95% CI] | retained share of gain, mean [95% CI] |",
-        "|---" * (len(tasks) + 3) + "|",
+        "| model | "
+        + " | ".join(tasks)
+        + " | mean [95% CI] | retained share of gain, mean [95% CI] |"
+        + (" format compliance [95% CI] |" if fmt else ""),
+        "|---" * (len(tasks) + 3 + fmt) + "|",
     ]
     for m in res["models"].values():
         cells = [f"{_pct(m['accuracy'][t]['acc'])} ± {_pct(m['accuracy'][t]['se'])}" for t in tasks]
@@ -177,6 +200,28 @@ def accuracy_table(res: dict) -> list[str]:
             f"| {m['label']} | "
             + " | ".join(cells)
             + f" | {_pct(m['mean'])}{_ci(m['mean_ci'])} | {_share(m.get('retained_mean'))} |"
+            + (f" {_pct(m['format']['mean'])}{_ci(m['format']['mean_ci'])} |" if fmt else "")
+        )
+    return lines
+
+
+def format_table(res: dict) -> list[str]:
+    """Compliance with the common format per model and task (the shared regime)."""
+    tasks = list(res["tasks"])
+    f = res["format"]
+    lines = [
+        "",
+        f"## The common behaviour: answers in the format `{f['open']}…{f['close']}` (greedy, % of eval items)",
+        "",
+        "| model | " + " | ".join(tasks) + " | mean [95% CI] |",
+        "|---" * (len(tasks) + 2) + "|",
+    ]
+    for m in res["models"].values():
+        c = m["format"]["compliance"]
+        lines.append(
+            f"| {m['label']} | "
+            + " | ".join(_pct(c[t]["acc"]) for t in tasks)
+            + f" | {_pct(m['format']['mean'])}{_ci(m['format']['mean_ci'])} |"
         )
     return lines
 
@@ -200,9 +245,19 @@ def markdown(res: dict, short: bool = False) -> str:
         "over those tasks; intervals: 95 % paired bootstrap over eval items.",
         "",
     ]
+    if "format" in res:
+        f = res["format"]
+        out += [
+            f"Shared regime: every agent's reward also required the answer in the format `{f['open']}…{f['close']}`; "
+            "task accuracy is scored on the answer's content whatever its format, compliance with the format "
+            "on its own.",
+            "",
+        ]
     out += accuracy_table(res)
     if short:
         return "\n".join(out) + "\n"
+    if "format" in res:
+        out += format_table(res)
 
     out += [
         "",
@@ -292,6 +347,17 @@ def markdown(res: dict, short: bool = False) -> str:
             )
             + ".",
         ]
+        variant = res["stages"].get("base format")
+        if variant and "midtrain" in cfg:
+            mc = cfg["midtrain"]
+            fmt_probe = (variant.get("history") or [{}])[-1].get("probe_format", {})
+            out.append(
+                f"Shared regime's base: that base trained on {variant.get('steps')} more steps (lr {mc['lr']}, "
+                f"decayed to 0) on the same corpus with {mc['format_share']:.0%} of the answers in the format; "
+                "its greedy format compliance on the probe: "
+                + ", ".join(f"{t} {100 * v:.1f} %" for t, v in fmt_probe.items())
+                + "."
+            )
         rl = cfg["rl"]
         steps = {t: R.rl_settings(cfg, t)["steps"] for t in tasks}
         out.append(
@@ -320,18 +386,26 @@ def chart(res: dict, path: Path) -> Path | None:
     data = [
         [100 * res["models"][r]["accuracy"][t]["acc"] for t in tasks] + [100 * res["models"][r]["mean"]] for r in rows
     ]
+    columns = [*tasks, "mean"]
+    if "format" in res:  # the shared regime: compliance with the common format beside the accuracies
+        for r, row in zip(rows, data, strict=True):
+            row.append(100 * res["models"][r]["format"]["mean"])
+        columns.append("format")
     merges = [r for r in rows if res["models"][r].get("retained_mean")]
     fig, axes = plt.subplots(
         1, 2, figsize=(13, 1.6 + 0.38 * len(rows)), constrained_layout=True, gridspec_kw={"width_ratios": [1.3, 1]}
     )
     ax = axes[0]
     image = ax.imshow(data, aspect="auto", cmap="viridis", vmin=0, vmax=100)
-    ax.set_xticks(range(len(tasks) + 1), [*tasks, "mean"])
+    ax.set_xticks(range(len(columns)), columns)
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     for i, row in enumerate(data):
         for j, v in enumerate(row):
             ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=7, color="white" if v < 60 else "black")
-    ax.set_title("accuracy (%), greedy exact match", fontsize=10)
+    ax.set_title(
+        "accuracy (%), greedy exact match" + (" (content); format: compliance (%)" if "format" in res else ""),
+        fontsize=10,
+    )
     fig.colorbar(image, ax=ax, shrink=0.7)
     ax = axes[1]
     if merges:
@@ -352,7 +426,8 @@ def chart(res: dict, path: Path) -> Path | None:
         ax.text(0.5, 0.5, "no specialist gain is significant:\nretained share undefined", ha="center", va="center")
         ax.set_axis_off()
     fig.suptitle(
-        f"Merge quality ({res['config_name']}): {len(tasks)} tasks, n = {min(res['eval']['n'].values())} per task",
+        f"Merge quality ({res['config_name']}): {len(tasks)} tasks, n = {min(res['eval']['n'].values())} per task"
+        + (", agents rewarded for a common format too" if "format" in res else ""),
         fontsize=11,
     )
     fig.savefig(path, dpi=110)

@@ -3,6 +3,7 @@
     python benchmarks/quality/run.py                       # the full configuration
     python benchmarks/quality/run.py --config smoke        # a tiny end-to-end run (the test suite's)
     python benchmarks/quality/run.py --set rl.lr=3e-4 --set rl.steps=200   # a tuning attempt
+    python benchmarks/quality/run.py --config shared       # the shared regime: every reward also needs `[...]`
 
 Stages, each built once and cached under --root (default /tmp/mergekit-ram-quality) in a folder keyed by a hash
 of everything it depends on: a small Qwen2 base pretrained from scratch on a task mix -> one GRPO agent per task
@@ -183,6 +184,46 @@ CONFIGS: dict[str, dict] = {
     },
 }
 
+
+def _shared(cfg: dict, midtrain: dict, per_task: dict | None = None) -> dict:
+    """The shared regime of a configuration: its base trained on where a minority of the answers have the common
+    format (`midtrain`, from that configuration's cached base), agents rewarded only for a right answer in it
+    (`per_task`: their RL steps, when they differ from the configuration's)."""
+    out = copy.deepcopy(cfg)
+    out["format"] = dict(FORMAT)
+    out["midtrain"] = midtrain
+    if per_task is not None:
+        out["rl"]["per_task"] = per_task
+    return out
+
+
+#: the shared regime's common output behaviour: the answer in brackets, `[42]`
+FORMAT = {"open": "[", "close": "]"}
+CONFIGS["shared"] = _shared(
+    CONFIGS["full"],
+    {
+        "steps": 300,
+        "batch": 64,
+        "lr": 5e-4,
+        "warmup": 30,
+        "decay": True,
+        "weight_decay": 0.01,
+        "probe_every": 150,
+        "probe_n": 200,
+        "stop_mean": 2.0,
+        "stop_min": 2.0,
+        "weights": {},
+        "noise": NOISE,
+        "format_share": 0.4,
+    },
+    # the reward needs the format too, so fewer samples earn it early on: each agent trains longer than in `full`
+    {"add": {"steps": 1200}, "sort": {"steps": 150}, "reverse": {"steps": 240}, "count": {"steps": 180}},
+)
+CONFIGS["smoke-shared"] = _shared(
+    CONFIGS["smoke"],
+    {**CONFIGS["smoke"]["pretrain"], "steps": 20, "warmup": 2, "probe_every": 20, "format_share": 0.4},
+)
+
 RAMPLUS = {"epsilon": 1e-5, "r": 0.1, "alpha": 2.0}
 
 
@@ -251,6 +292,8 @@ def check_config(cfg: dict) -> None:
         raise SystemExit(f"unknown merge(s) {unknown}; known: {sorted(MERGES)}")
     if cfg["eval"]["exclude"] < cfg["eval"]["n"]:
         raise SystemExit("eval.exclude (prompts withheld from training) must be >= eval.n")
+    if "midtrain" in cfg and not cfg.get("format"):
+        raise SystemExit("midtrain (the shared regime's base) needs a format")
 
 
 # --------------------------------------------------------------------------- #
@@ -333,7 +376,10 @@ class Pipeline:
         self.names = list(cfg["tasks"])
         self.seed = cfg["seed"]
         ev = cfg["eval"]
-        self.max_new = {n: T.max_new_tokens(n, p) for n, p in cfg["tasks"].items()}
+        #: the common output format of the shared regime (None: the independent regime)
+        self.fmt = cfg.get("format")
+        extra = len(self.fmt["open"]) + len(self.fmt["close"]) if self.fmt else 0
+        self.max_new = {n: T.max_new_tokens(n, p) + extra for n, p in cfg["tasks"].items()}
         self.held_out = {n: T.eval_set(n, p, ev["exclude"], self.seed) for n, p in cfg["tasks"].items()}
         self.eval_items = {n: items[: ev["n"]] for n, items in self.held_out.items()}
         self.exclude = {p for items in self.held_out.values() for p, _ in items}
@@ -373,6 +419,48 @@ class Pipeline:
 
         meta, cached = stage.build(build)
         self._record("base", meta, cached, ("parameters", "steps", "history"))
+        if "midtrain" not in self.cfg:
+            return stage.folder / "base", key
+        return self.base_format(stage.folder / "base", key)
+
+    def base_format(self, parent: Path, parent_key: str) -> tuple[Path, str]:
+        """The shared regime's base: `parent` trained on in a corpus where a minority of the answers (`midtrain.
+        format_share`) have the common format, so the base can sample it but does not reliably produce it."""
+        payload = {
+            "parent": parent_key,
+            "tasks": self.cfg["tasks"],
+            "midtrain": self.cfg["midtrain"],
+            "format": self.fmt,
+            "seed": self.seed,
+            "exclude": self.cfg["eval"]["exclude"],
+        }
+        key = key_of("base", payload)
+        stage = Stage(self.root / "base" / key, key, payload)
+
+        def build(tmp: Path) -> dict:
+            import train
+
+            mc = self.cfg["midtrain"]
+            pc = {**mc, "model": self.cfg["model"], "seed": self.seed, "init": str(parent), "format": self.fmt}
+            sampler = T.Sampler(
+                self.names,
+                self.cfg["tasks"],
+                f"{self.seed}/midtrain",
+                self.exclude,
+                mc.get("weights"),
+                mc.get("noise"),
+                self.fmt,
+                mc["format_share"],
+            )
+            probe_sampler = T.Sampler(self.names, self.cfg["tasks"], f"{self.seed}/probe", self.exclude)
+            probes = {n: probe_sampler.task(n, pc["probe_n"]) for n in self.names}
+            log(f"training the shared regime's base on a corpus with {mc['format_share']:.0%} formatted ({key})")
+            model, history = train.pretrain(pc, sampler, probes, self.max_new, log)
+            train.save_model(model, tmp / "base")
+            return {"history": history, "parameters": train.num_parameters(model), "steps": history[-1]["step"]}
+
+        meta, cached = stage.build(build)
+        self._record("base format", meta, cached, ("parameters", "steps", "history"))
         return stage.folder / "base", key
 
     # -- agents -------------------------------------------------------------
@@ -380,6 +468,8 @@ class Pipeline:
         out = {}
         for name in self.names:
             rl = {**rl_settings(self.cfg, name), "seed": seed_of(self.seed, "rl", name)}
+            if self.fmt:
+                rl["format"] = self.fmt
             payload = {"base": base_key, "task": name, "task_params": self.cfg["tasks"][name], "rl": rl}
             key = key_of("agent", payload)
             stage = Stage(self.root / "agents" / key, key, payload)
@@ -514,11 +604,13 @@ class Pipeline:
         return stage.folder
 
     # -- evaluation ---------------------------------------------------------
-    def evaluate(self, models: dict[str, Path]) -> dict[str, dict[str, list[int]]]:
+    def evaluate(self, models: dict[str, Path]) -> tuple[dict[str, dict[str, list[int]]], dict | None]:
+        """({model: {task: 1/0 per item}}, with a format {model: {task: 1/0 per item: formatted}} else None)."""
         import evaluate as E
 
         ev = self.cfg["eval"]
         results = {}
+        formats: dict[str, dict[str, list[int]]] = {}
         start, built, cached_n, seconds_all = time.perf_counter(), 0, 0, 0.0
         for row, folder in models.items():
             payload = {
@@ -528,35 +620,44 @@ class Pipeline:
                 "exclude": ev["exclude"],
                 "seed": self.seed,
             }
+            if self.fmt:
+                payload["format"] = self.fmt
             key = key_of("eval", payload)
             path = self.root / "evals" / f"{key}.json"
             if path.exists():
                 stored = json.loads(path.read_text())
                 results[row] = stored["correct"]
+                if self.fmt:
+                    formats[row] = stored["formatted"]
                 seconds_all += stored["seconds"]
                 cached_n += 1
                 continue
             t0 = time.perf_counter()
-            bits = E.score(folder, self.eval_items, self.max_new, ev["batch"])
+            bits, fmt_bits = E.score(folder, self.eval_items, self.max_new, ev["batch"], self.fmt)
             seconds = time.perf_counter() - t0
             log(
                 f"eval {row}: "
                 + ", ".join(f"{t} {sum(b) / len(b):.3f}" for t, b in bits.items())
+                + (
+                    ", format " + ", ".join(f"{t} {sum(b) / len(b):.3f}" for t, b in fmt_bits.items())
+                    if fmt_bits is not None
+                    else ""
+                )
                 + f" ({seconds:.1f} s)"
             )
+            stored = {
+                "key": key,
+                "payload": payload,
+                "seconds": round(seconds, 2),
+                "model_folder": str(folder),
+                "correct": bits,
+            }
+            if fmt_bits is not None:
+                stored["formatted"] = fmt_bits
+                formats[row] = fmt_bits
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(
-                json.dumps(
-                    {
-                        "key": key,
-                        "payload": payload,
-                        "seconds": round(seconds, 2),
-                        "model_folder": str(folder),
-                        "correct": bits,
-                    }
-                )
-            )
+            tmp.write_text(json.dumps(stored))
             tmp.rename(path)
             results[row] = bits
             built += 1
@@ -567,7 +668,7 @@ class Pipeline:
             "this_run_seconds": round(time.perf_counter() - start, 2),
             "build_seconds": round(seconds_all, 2),
         }
-        return results
+        return results, (formats if self.fmt else None)
 
 
 # --------------------------------------------------------------------------- #
@@ -647,12 +748,12 @@ def main(argv: list[str] | None = None) -> int:
         inspected = inspecting.result()
     pipe.stages = dict(sorted(pipe.stages.items(), key=lambda kv: pipe._order(kv[0])))
     models = {"base": base, **{f"{t} agent": p for t, (p, _) in agents.items()}, **merged}
-    correct = pipe.evaluate(models)
+    correct, formats = pipe.evaluate(models)
 
     import report
 
     out.mkdir(parents=True, exist_ok=True)
-    results = report.build(cfg, pipe, correct, inspected, models)
+    results = report.build(cfg, pipe, correct, inspected, models, formats)
     results.update(
         {
             "config_name": name,

@@ -5,6 +5,10 @@ Pure Python (no torch): generators, verifiers, rewards and seeded, disjoint trai
 Every example is one prompt and one answer, both short strings over `CHARS`. A prompt starts with its task's
 tag (an upper-case letter, so one model can tell the tasks apart) and ends with `=`; the model writes the
 answer and then `</s>`. Task difficulty is set by each task's parameters (`DEFAULTS`, overridable per config).
+
+The `shared` regime adds a common output format (`fmt`, e.g. `{"open": "[", "close": "]"}`: the answer wrapped
+in brackets) that every agent's reward requires besides its task: `reward(..., fmt=fmt)`. Task accuracy is
+scored on the answer's content whatever its format (`content`), and the format on its own (`formatted`).
 """
 
 from __future__ import annotations
@@ -187,15 +191,49 @@ def max_new_tokens(name: str, p: dict) -> int:
 
 
 # --------------------------------------------------------------------------- #
+# A common output format (the shared regime)
+# --------------------------------------------------------------------------- #
+def wrap(answer: str, fmt: dict) -> str:
+    """The answer in the format: `open` + answer + `close`."""
+    return fmt["open"] + answer + fmt["close"]
+
+
+def formatted(completion: str, fmt: dict) -> bool:
+    """Does the completion follow the format (starts with `open`, ends with `close`, both present)?"""
+    o, c = fmt["open"], fmt["close"]
+    return len(completion) >= len(o) + len(c) and completion.startswith(o) and completion.endswith(c)
+
+
+def content(completion: str, fmt: dict | None) -> str:
+    """The answer inside the format, whatever the format: a leading `open` and a trailing `close` are removed
+    where present (each on its own), so task accuracy does not depend on the format."""
+    if not fmt:
+        return completion
+    if completion.startswith(fmt["open"]):
+        completion = completion[len(fmt["open"]) :]
+    if fmt["close"] and completion.endswith(fmt["close"]):
+        completion = completion[: -len(fmt["close"])]
+    return completion
+
+
+# --------------------------------------------------------------------------- #
 # Verification and reward
 # --------------------------------------------------------------------------- #
-def correct(completion: str, answer: str) -> bool:
-    """Exact match of the decoded completion (up to `</s>`) with the answer."""
-    return completion == answer
+def correct(completion: str, answer: str, fmt: dict | None = None) -> bool:
+    """Exact match of the decoded completion (up to `</s>`; its content inside `fmt`, if given) with the answer."""
+    return content(completion, fmt) == answer
 
 
-def reward(completion: str, answer: str, partial: float = 0.0) -> float:
-    """1 for an exact match; otherwise `partial` x the share of answer positions that match (0 by default)."""
+def reward(completion: str, answer: str, partial: float = 0.0, fmt: dict | None = None) -> float:
+    """1 for an exact match; otherwise `partial` x the share of answer positions that match (0 by default).
+
+    With `fmt` (the shared regime) the completion must also follow the format: 0 when it does not, else the
+    reward of its content.
+    """
+    if fmt:
+        if not formatted(completion, fmt):
+            return 0.0
+        completion = content(completion, fmt)
     if completion == answer:
         return 1.0
     if not partial:
@@ -232,6 +270,8 @@ class Sampler:
         exclude: set[str],
         weights: dict[str, float] | None = None,
         noise: dict[str, float] | None = None,
+        fmt: dict | None = None,
+        fmt_share: float = 0.0,
     ):
         self.names = list(names)
         self.params = task_params
@@ -239,6 +279,8 @@ class Sampler:
         self.weights = [float((weights or {}).get(n, 1.0)) for n in self.names]
         #: per task, the share of examples whose answer is the task's systematic error (a flawed corpus)
         self.noise = {n: float((noise or {}).get(n, 0.0)) for n in self.names}
+        #: the share of answers written in the common format `fmt` (a corpus where the format is a minority)
+        self.fmt, self.fmt_share = fmt, float(fmt_share) if fmt else 0.0
         self.rng = random.Random(f"train/{seed}")
 
     def one(self, name: str) -> tuple[str, str]:
@@ -247,6 +289,8 @@ class Sampler:
             if prompt not in self.exclude:
                 if self.noise[name] and self.rng.random() < self.noise[name]:
                     answer = TASKS[name].bug(prompt)
+                if self.fmt_share and self.rng.random() < self.fmt_share:
+                    answer = wrap(answer, self.fmt)  # type: ignore[arg-type]
                 return prompt, answer
         raise ValueError(f"task {name!r}: every sampled prompt is in the eval set; widen its parameters")
 

@@ -158,10 +158,20 @@ def greedy_answers(model, prompts: Sequence[str], max_new: int, batch_size: int 
     return answers
 
 
-def accuracy(model, items: Sequence[tuple[str, str]], max_new: int, batch_size: int = 512) -> list[int]:
-    """1/0 per item: exact match of the greedy answer."""
+def accuracy(
+    model, items: Sequence[tuple[str, str]], max_new: int, batch_size: int = 512, fmt: dict | None = None
+) -> list[int]:
+    """1/0 per item: exact match of the greedy answer (of its content inside `fmt`, whatever its format)."""
+    return score(model, items, max_new, batch_size, fmt)[0]
+
+
+def score(
+    model, items: Sequence[tuple[str, str]], max_new: int, batch_size: int = 512, fmt: dict | None = None
+) -> tuple[list[int], list[int] | None]:
+    """(1/0 per item: the greedy answer's content is right; 1/0 per item: it follows `fmt`, None without one)."""
     got = greedy_answers(model, [p for p, _ in items], max_new, batch_size)
-    return [int(T.correct(g, a)) for g, (_, a) in zip(got, items, strict=True)]
+    right = [int(T.correct(g, a, fmt)) for g, (_, a) in zip(got, items, strict=True)]
+    return right, ([int(T.formatted(g, fmt)) for g in got] if fmt else None)
 
 
 # --------------------------------------------------------------------------- #
@@ -202,9 +212,13 @@ def pretrain(
     cfg: model (dict), seed, steps, batch, lr, warmup, decay, weight_decay, probe_every, stop_mean, stop_min,
     weights (per-task sampling weights: tasks learn at very different speeds).
     Stops at the first probe where mean accuracy >= stop_mean and every task >= stop_min.
+    `init` (a stored model folder): continue training that model instead of a fresh one (the shared regime's
+    base: the `full` base trained on in a corpus where some answers have the common format `fmt`); with `fmt`,
+    probes score the answers' content and also record the format's greedy compliance.
     Returns (model, history).
     """
-    model = new_model(cfg["model"], cfg["seed"])
+    init, fmt = cfg.get("init"), cfg.get("format")
+    model = load_model(init) if init else new_model(cfg["model"], cfg["seed"])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.98), weight_decay=cfg["weight_decay"])
     warmup = max(1, cfg["warmup"])
     total = cfg["steps"]
@@ -238,7 +252,8 @@ def pretrain(
         losses.append(loss.item())
         if step % cfg["probe_every"] == 0 or step == cfg["steps"]:
             model.eval()
-            acc = {name: sum(accuracy(model, items, max_new[name])) / len(items) for name, items in probes.items()}
+            scored = {name: score(model, items, max_new[name], fmt=fmt) for name, items in probes.items()}
+            acc = {name: sum(r) / len(r) for name, (r, _) in scored.items()}
             mean = sum(acc.values()) / len(acc)
             history.append(
                 {
@@ -249,10 +264,17 @@ def pretrain(
                     "seconds": round(time.perf_counter() - start, 1),
                 }
             )
+            if fmt:
+                history[-1]["probe_format"] = {k: round(sum(f) / len(f), 4) for k, (_, f) in scored.items()}
             losses = []
             log(
                 f"pretrain step {step}: loss {history[-1]['loss']:.3f}, probe "
                 + ", ".join(f"{k} {v:.2f}" for k, v in acc.items())
+                + (
+                    ", format " + ", ".join(f"{k} {v:.2f}" for k, v in history[-1]["probe_format"].items())
+                    if fmt
+                    else ""
+                )
                 + f" ({history[-1]['seconds']:.0f} s)"
             )
             if mean >= cfg["stop_mean"] and min(acc.values()) >= cfg["stop_min"]:
@@ -277,9 +299,11 @@ def grpo(
     """One agent: GRPO on `task` from the stored base.
 
     cfg: seed, steps, prompts (per step), group, lr, temperature, partial (reward credit), kl (beta),
-    probe_every. `on_probe(model, step)` runs at every probe (density_curve.py measures there).
+    probe_every, format (optional: the common output format the reward also requires, the shared regime).
+    `on_probe(model, step)` runs at every probe (density_curve.py measures there).
     Returns (model, history).
     """
+    fmt = cfg.get("format")
     torch.manual_seed(cfg["seed"])
     gen = torch.Generator().manual_seed(cfg["seed"])
     model = load_model(base_folder)
@@ -296,7 +320,7 @@ def grpo(
         model.eval()
         completions = generate(model, prompts, max_new, temperature=cfg["temperature"], generator=gen)
         rewards = torch.tensor(
-            [T.reward(T.decode(c), items[i // g][1], cfg["partial"]) for i, c in enumerate(completions)]
+            [T.reward(T.decode(c), items[i // g][1], cfg["partial"], fmt) for i, c in enumerate(completions)]
         ).view(-1, g)
         std = rewards.std(dim=1, keepdim=True)
         adv = ((rewards - rewards.mean(dim=1, keepdim=True)) / (std + 1e-4)).view(-1)
@@ -328,7 +352,8 @@ def grpo(
             model.eval()
             if on_probe is not None:
                 on_probe(model, step)
-            acc = sum(accuracy(model, probe, max_new)) / len(probe) if probe else math.nan
+            right, fmt_ok = score(model, probe, max_new, fmt=fmt) if probe else ([], None)
+            acc = sum(right) / len(right) if right else math.nan
             r, s = (sum(x) / len(window) for x in zip(*window, strict=True))
             history.append(
                 {
@@ -339,10 +364,13 @@ def grpo(
                     "seconds": round(time.perf_counter() - start, 1),
                 }
             )
+            if fmt_ok is not None:
+                history[-1]["probe_format"] = round(sum(fmt_ok) / len(fmt_ok), 4)
             window = []
             log(
-                f"grpo {task} step {step}: reward {r:.3f}, groups with signal {s:.2f}, greedy probe {acc:.3f} "
-                f"({history[-1]['seconds']:.0f} s)"
+                f"grpo {task} step {step}: reward {r:.3f}, groups with signal {s:.2f}, greedy probe {acc:.3f}"
+                + (f", format {history[-1]['probe_format']:.3f}" if fmt_ok is not None else "")
+                + f" ({history[-1]['seconds']:.0f} s)"
             )
     model.eval()
     return model, history
