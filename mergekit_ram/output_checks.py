@@ -91,6 +91,23 @@ def remove_stale_weights(out_path: str | None, before: dict[str, tuple[int, int,
     return removed
 
 
+def remove_stale_statistics(out_path: str) -> None:
+    """Before a `ramplus` merge writes: an older merge's ram_stats.json would mark the new, unfinished
+    merge as complete, so it goes first; weight files already there are named (removed at the end)."""
+    path = os.path.join(out_path, STATS_FILE)
+    if os.path.isfile(path) and not os.path.islink(path):
+        LOG.info("ramplus: removing %s of an earlier merge (it is written again when this merge finishes)", path)
+        os.unlink(path)
+    weights = sorted(weight_files(out_path))
+    if weights:
+        LOG.warning(
+            "ramplus: the output folder %s already holds %s; the weight files this merge does not write again "
+            "are removed when it finishes",
+            out_path,
+            ", ".join(weights),
+        )
+
+
 def remove_foreign_statistics(out_path: str | None) -> None:
     """Another method merging into a folder that held a `ramplus` merge: its ram_stats.json would
     describe weights it no longer sits beside. Never raises (mergekit's methods must run)."""

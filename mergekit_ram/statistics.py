@@ -193,9 +193,9 @@ class Statistics:
                 row[2] += pair
                 row[3] += t.numel
         extra: dict[str, dict] = {a: {} for a in self.agents}
-        if chosen and all(t.diagnostics is not None for t in chosen):
+        found = [t.diagnostics for t in chosen if t.diagnostics is not None]
+        if chosen and len(found) == len(chosen):
             for a in self.agents:
-                found = [t.diagnostics for t in chosen if t.diagnostics is not None]
                 extra[a] = {
                     "single": sum(d.single[a] for d in found),
                     "magnitude_unique": math.fsum(d.magnitude[a][0] for d in found),

@@ -38,10 +38,7 @@ def format_table(
                 f"{s.lambda_(r, alpha, rule):.4f}",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return _columns(rows)
 
 
 def format_number(value: float) -> str:

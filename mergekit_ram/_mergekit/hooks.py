@@ -45,14 +45,12 @@ def install() -> None:
         try:
             surface.check(surface.PREPASS)
         except surface.IncompatibleMergekit as error:
-            surface.set_verdict(surface.PREPASS, str(error))
             method.prepass_unavailable = str(error)
             LOG.warning("mergekit-ram: global RAM+ pre-pass disabled: %s", error)
             return
         wrap(MergePlanner, "_plan", _plan)
         wrap(MergePlanner, "plan_to_disk", _plan_to_disk)
         round_once(method.ramplus)
-        surface.set_verdict(surface.PREPASS, None)
         method.prepass_unavailable = None
     install_merge()
 
@@ -68,7 +66,6 @@ def install_merge() -> None:
     try:
         surface.check(surface.MERGE)
     except surface.IncompatibleMergekit as error:
-        surface.set_verdict(surface.MERGE, str(error))
         LOG.warning("mergekit-ram: ram_stats.json written by the planner, no card section, no inspect: %s", error)
         return
 
@@ -121,7 +118,7 @@ def _run_ramplus_merge(run_merge: Callable[..., Any], merge_config: Any, *args: 
                     out_path,
                     type(error).__name__,
                     error,
-                    planning.STATS_FILE,
+                    output_checks.STATS_FILE,
                 )
             raise
 
@@ -146,7 +143,7 @@ def _plan_to_disk(original: Callable[[Any, str], list[Any]], planner: Any, out_p
         current = session.MergeSession(config=planner.config, options=planner.options, out_path=out_path)
     with session.active(current):
         output_checks.check_output(planner.config, out_path)
-        planning.remove_stale_statistics(out_path)
+        output_checks.remove_stale_statistics(out_path)
         tasks = original(planner, out_path)
         if current.report is not None:
             planning.queue_statistics(current, tasks, out_path)

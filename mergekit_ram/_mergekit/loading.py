@@ -58,7 +58,6 @@ def install() -> str:
             _status = ""
     except Exception as error:  # never let a speed-up break a merge
         _status = f"could not inspect mergekit's loader: {error!r}"
-    surface.set_verdict(surface.LOADING, _status or None)
     if _status:
         LOG.info("mergekit-ram: fast tensor loading unavailable, using mergekit's own: %s", _status)
     return _status

@@ -30,7 +30,6 @@ from mergekit_ram.session import MergeSession, Planned, active
 
 LOG = logging.getLogger("mergekit_ram")
 
-STATS_FILE = output_checks.STATS_FILE
 _PARAMETERS = ("epsilon", "r", "alpha", "rho_scope", "lambda_rule")
 
 
@@ -68,8 +67,9 @@ def prepare(planner: Any, current: MergeSession) -> None:
     found = _round_once_to_out_dtype(planner, found)
     tasks = [task for _, task in found]
     headers: dict[str, dict] = {}  # each file's header, read once
-    input_checks.check_stored_tensors([_stored_row(task, headers) for task in tasks])
-    _warn_stored_dtypes(planner.config, tasks[0])
+    rows = [_stored_row(task, headers) for task in tasks]
+    input_checks.check_stored_tensors(rows)
+    _warn_stored_dtypes(planner.config, rows[0])
     tied = _tied_copies(planner, tasks)
     tasks = [t for t in tasks if t.output_weight.name not in tied]  # a tied pair is counted once
     current.planned = [_summary(task) for task in tasks]
@@ -219,29 +219,14 @@ def _stored(index: Any, weight: Any, headers: dict[str, dict]) -> input_checks.S
     return None
 
 
-def _warn_stored_dtypes(config: Any, task: Any) -> None:
+def _warn_stored_dtypes(config: Any, row: tuple[str, str, bool, dict[str, input_checks.Stored]]) -> None:
+    """The dtype warnings, from the stored dtypes of one planned tensor (`_stored_row`: headers read once)."""
     from mergekit.common import dtype_from_name
-    from mergekit.io.tasks import LoaderCache
 
-    stored: dict[str, str] = {}
-    for model, weight in _weight_infos(task).items():
-        try:
-            index = LoaderCache().get(model).index
-            name = next(n for n in [weight.name, *(weight.aliases or ())] if n in index.tensor_paths)
-            path = index.tensor_paths[name]
-            path = path if os.path.isabs(path) else os.path.join(index.base_path, path)
-            if not path.endswith(".safetensors"):
-                continue
-            from safetensors import safe_open
-
-            with safe_open(path, framework="pt") as f:
-                stored[str(model)] = f.get_slice(name).get_dtype()
-        except Exception:  # best effort: a warning must never stop a merge
-            continue
+    _, base, _, found = row
+    stored = {model: entry[0] for model, entry in found.items() if entry is not None and entry[0] is not None}
     wanted = dtype_from_name(config.dtype)
-    input_checks.warn_stored_dtypes(
-        stored, str(task.base_model), config.dtype, wanted.itemsize if wanted is not None else None
-    )
+    input_checks.warn_stored_dtypes(stored, base, config.dtype, wanted.itemsize if wanted is not None else None)
 
 
 def _statistics(planner: Any, tasks: list[Any], *, compute: bool) -> tuple[statistics.Statistics | None, str]:
@@ -500,23 +485,9 @@ def queue_statistics(current: MergeSession, tasks: list[Any], out_path: str) -> 
 def write_statistics(out_path: str, payload: str) -> None:
     """Write ram_stats.json atomically; a failure names the file and leaves no temp file."""
     os.makedirs(out_path, exist_ok=True)
-    files.write_atomic(os.path.join(out_path, STATS_FILE), payload, private=False)  # readable like mergekit's files
-
-
-def remove_stale_statistics(out_path: str) -> None:
-    """An older merge's ram_stats.json would mark a new, unfinished merge as complete: remove it first."""
-    path = os.path.join(out_path, STATS_FILE)
-    if os.path.isfile(path) and not os.path.islink(path):
-        LOG.info("ramplus: removing %s of an earlier merge (it is written again when this merge finishes)", path)
-        os.unlink(path)
-    weights = sorted(output_checks.weight_files(out_path))
-    if weights:
-        LOG.warning(
-            "ramplus: the output folder %s already holds %s; the weight files this merge does not write again "
-            "are removed when it finishes",
-            out_path,
-            ", ".join(weights),
-        )
+    files.write_atomic(
+        os.path.join(out_path, output_checks.STATS_FILE), payload, private=False
+    )  # readable like mergekit's files
 
 
 # --------------------------------------------------------------------------- #

@@ -117,9 +117,6 @@ NAMES: tuple[Name, ...] = (
     Name("mergekit.options", "add_merge_options", PUBLIC),
 )
 
-#: Set by `hooks.install` when the pre-pass could not be installed: why (read by `unavailable_reason`).
-_verdict: dict[str, str | None] = {PREPASS: None, MERGE: None, LOADING: None}
-
 
 class IncompatibleMergekit(RuntimeError):
     """mergekit's private surface is not what this release was built for."""
@@ -182,12 +179,11 @@ def check(needed_for: str) -> None:
 
 
 def unavailable_reason() -> str | None:
-    """Why the pre-pass could not be installed, or None when it is active (or not tried yet)."""
-    return _verdict[PREPASS]
+    """Why the pre-pass could not be installed (`hooks.install` records it where `ramplus` reports it),
+    or None when it is active or not tried yet."""
+    from mergekit_ram import method
 
-
-def set_verdict(needed_for: str, reason: str | None) -> None:
-    _verdict[needed_for] = reason
+    return method.prepass_unavailable
 
 
 # --------------------------------------------------------------------------- #
