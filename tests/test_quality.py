@@ -151,6 +151,22 @@ def test_smoke_configuration_end_to_end_and_cached(tmp_path):
     assert set(res["density"]) == set(tasks)
     for d in res["density"].values():
         assert 0 <= d["density"] <= 1 and d["active"] <= d["numel"]
+        # the diagnostics of `mergekit-ram inspect` (its stats format 2; the inspect stage's version 2)
+        assert 0 <= d["magnitude_unique_share"] <= 1 and 0 <= d["single_step_share"] <= 1, d
+    # the one pair: its diagnostics beside its own merges; with two agents a pair merge is the merge of all, so
+    # `ramplus add+reverse` is the `ramplus` folder, built once
+    (pair,) = res["pairs"]
+    assert pair["agents"] == tasks and 0 <= pair["common"] <= min(d["active"] for d in res["density"].values())
+    if pair["common"]:
+        assert 0 <= pair["same_sign_share"] <= 1 and -1 <= pair["cosine"] <= 1
+    else:  # smoke agents barely move (an agent whose steps had no reward signal is the base): no shares of nothing
+        assert pair["same_sign_share"] is None and pair["cosine"] is None
+    got = pair["merges"]
+    assert set(got) == {"ramplus", "ta_sum"} and got["ramplus"]["folder"] == res["models"]["ramplus"]["folder"]
+    assert got["ramplus"]["accuracy"] == {t: res["models"]["ramplus"]["accuracy"][t]["acc"] for t in tasks}
+    diff = pair["ramplus_minus_ta_sum"]
+    assert diff["mean_diff"] == pytest.approx(got["ramplus"]["mean"] - got["ta_sum"]["mean"], abs=2e-5)
+    assert diff["ci"][0] <= diff["mean_diff"] + 1e-9 <= diff["ci"][1] + 2e-9
     assert res["r_sweep"][0]["r"] == 0.1 and res["r_sweep"][0]["merge"] == "ramplus"
     for name in ("results.md", "chart.png", "density.png", "ram_stats.json"):
         assert (out1 / name).stat().st_size > 0, name
@@ -163,7 +179,8 @@ def test_smoke_configuration_end_to_end_and_cached(tmp_path):
     assert [h["step"] for h in stages["agent reverse"]["history"]] == [2]
     # evaluations are keyed by the weights: identical models (an agent whose GRPO steps had no reward signal)
     # share one
-    assert stages["eval"]["models_cached"] + stages["eval"]["models_evaluated"] == 6
+    assert stages["eval"]["models_cached"] + stages["eval"]["models_evaluated"] == 8
+    assert "merge ta_sum add+reverse" in stages and "merge ramplus add+reverse" in stages
     cfg = stages["merge ramplus"]["config"]
     assert cfg["merge_method"] == "ramplus" and cfg["parameters"]["r"] == 0.1 and cfg["dtype"] == "bfloat16"
 
@@ -172,8 +189,22 @@ def test_smoke_configuration_end_to_end_and_cached(tmp_path):
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     again = json.loads((out2 / "results.json").read_text())
     assert all(s["cached"] for k, s in again["stages"].items() if k != "eval")
-    assert again["stages"]["eval"] == {**again["stages"]["eval"], "models_evaluated": 0, "models_cached": 6}
+    assert again["stages"]["eval"] == {**again["stages"]["eval"], "models_evaluated": 0, "models_cached": 8}
     assert again["models"] == res["models"] and again["density"] == res["density"]
+    assert again["pairs"] == res["pairs"]
+    assert "## Diagnostics beside the outcome" in md and "| add + reverse |" in md
+
+    # both regimes side by side (here the same run twice): the tables and the rule check, from results.json alone
+    side = subprocess.run(
+        [sys.executable, str(RUN.parent / "regimes.py"), str(out1), str(out2), "--out", str(tmp_path / "r.md")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert side.returncode == 0, side.stderr[-3000:]
+    text = (tmp_path / "r.md").read_text()
+    assert text == side.stdout and text.count("| smoke | add + reverse |") == 2
+    assert "## Does one diagnostic separate the outcomes? (2 pairs)" in text
 
     # every model is a transformers checkpoint with its tokenizer (mergekit copied the base's)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -183,6 +214,19 @@ def test_smoke_configuration_end_to_end_and_cached(tmp_path):
     assert str(model.dtype) == "torch.bfloat16" and model.config.vocab_size == len(T.VOCAB)
     tok = AutoTokenizer.from_pretrained(merged)
     assert tok.encode("A12+34=", add_special_tokens=False) == T.encode("A12+34=")
+
+
+def test_a_rule_separates_verdicts_only_when_one_threshold_does():
+    import regimes
+
+    assert regimes.separation([(0.1, "worse"), (0.2, "worse"), (0.5, "better")]).startswith("yes: below 0.350")
+    assert regimes.separation([(0.1, "worse"), (0.3, "better"), (0.5, "worse")]).startswith("no single")
+    assert regimes.separation([(0.1, "worse"), (0.9, "worse")]).startswith("nothing to separate")
+    # equal values on both sides of a cut are no threshold
+    assert regimes.separation([(0.2, "worse"), (0.2, "better")]).startswith("no single")
+    c = {"mean_diff": -0.02, "ci": [-0.03, -0.01]}
+    assert regimes.verdict(c) == "worse" and regimes.verdict({**c, "ci": [-0.01, 0.01]}) == "tie"
+    assert regimes.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
 
 
 # --------------------------------------------------------------------------- #

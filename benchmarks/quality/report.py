@@ -40,8 +40,11 @@ def build(
         }
     valid = [t for t in tasks if gains[t]["significant"]]
 
+    pair_rows = {row: pair for row in correct if (pair := R.Pipeline.pair_of(row))}
     models = {}
     for row in correct:
+        if row in pair_rows:
+            continue
         kind = "base" if row == "base" else "specialist" if row in specialists.values() else "merge"
         mean = sum(acc[row][t]["acc"] for t in tasks) / len(tasks)
         entry: dict = {
@@ -78,7 +81,7 @@ def build(
                 entry["retained_mean"] = {"share": _num(point), "ci": [_num(lo), _num(hi)], "over_tasks": valid}
         models[row] = entry
 
-    merges = [m for m in correct if models[m]["kind"] == "merge"]
+    merges = [m for m in models if models[m]["kind"] == "merge"]
     comparisons = {}
     if "ramplus" in merges:
         for m in merges:
@@ -93,13 +96,17 @@ def build(
     r_sweep = _sweep(models, R.R_SWEEP, "r")
     eps_sweep = _sweep(models, R.EPS_SWEEP, "epsilon")
 
-    density = {}
+    density: dict[str, dict] = {}
+    pairs: dict[tuple[str, str], dict] = {}
     if inspected is not None:
         stats = json.loads((inspected / "stats.json").read_text())
         by_path = {str(folders[specialists[t]]): t for t in tasks}
+
+        def task_of(model: str) -> str:
+            return by_path.get(model.split("@")[0], model)
+
         for a in stats["agents"]:
-            t = by_path.get(a["model"].split("@")[0], a["model"])
-            density[t] = {
+            density[task_of(a["model"])] = {
                 k: a.get(k)
                 for k in (
                     "density",
@@ -110,8 +117,52 @@ def build(
                     "lambda",
                     "active",
                     "numel",
+                    # the diagnostics (mergekit-ram inspect, stats format_version 2)
+                    "magnitude_unique_share",
+                    "single_step_share",
                 )
             }
+        for p in stats.get("pairs", []):
+            a, b = (task_of(m) for m in p["agents"])
+            pairs[(a, b)] = {
+                "agents": [a, b],
+                "common": p["common"],
+                # entries both changed, as a share of the entries the sparser of the two changed
+                "common_share": _num(p["common"] / min(density[a]["active"], density[b]["active"]))
+                if min(density[a]["active"], density[b]["active"])
+                else None,
+                "same_sign_share": _num(p["same_sign_share"]),
+                "cosine": _num(p["cosine"]),
+            }
+
+    # the same merges on each pair of agents: the outcome on the pair's two tasks beside the pair's diagnostics
+    for row, (name, a, b) in pair_rows.items():
+        entry = pairs.setdefault((a, b), {"agents": [a, b]})
+        own = [a, b]
+        reps = np.mean([bs.reps[row][t] for t in own], axis=0)
+        result: dict = {
+            "row": row,
+            "folder": str(folders[row]),
+            "accuracy": {t: _num(acc[row][t]["acc"]) for t in tasks},
+            "mean": _num(sum(acc[row][t]["acc"] for t in own) / 2),
+            "mean_ci": [_num(x) for x in bs.interval(reps)],
+        }
+        kept = [t for t in own if t in valid]
+        if kept:
+            point = sum(
+                E.retained_share(acc[row][t]["acc"], acc["base"][t]["acc"], acc[specialists[t]][t]["acc"]) for t in kept
+            ) / len(kept)
+            lo, hi = bs.interval(np.mean([bs.retained(row, "base", specialists, t) for t in kept], axis=0))
+            result["retained_mean"] = {"share": _num(point), "ci": [_num(lo), _num(hi)], "over_tasks": kept}
+        entry.setdefault("merges", {})[name] = result
+    for (a, b), entry in pairs.items():
+        got = entry.get("merges", {})
+        if "ramplus" in got and "ta_sum" in got:
+            own = [a, b]
+            d = np.mean([bs.reps[got["ramplus"]["row"]][t] - bs.reps[got["ta_sum"]["row"]][t] for t in own], axis=0)
+            lo, hi = bs.interval(d)
+            point = got["ramplus"]["mean"] - got["ta_sum"]["mean"]
+            entry["ramplus_minus_ta_sum"] = {"mean_diff": _num(point), "ci": [_num(lo), _num(hi)]}
 
     out = {
         "tasks": {t: cfg["tasks"][t] for t in tasks},
@@ -132,6 +183,7 @@ def build(
             for t, g in gains.items()
         },
         "density": density,
+        "pairs": list(pairs.values()),
         "r_sweep": r_sweep,
         "epsilon_sweep": eps_sweep,
         "ramplus_vs": comparisons,
@@ -226,6 +278,79 @@ def format_table(res: dict) -> list[str]:
     return lines
 
 
+def _commit(commit: str | None) -> str:
+    """Short hash, keeping a `+changes` mark (the run used uncommitted code)."""
+    if not commit:
+        return "?"
+    head, plus, rest = commit.partition("+")
+    return head[:10] + plus + rest
+
+
+def _diff(c: dict | None) -> str:
+    return "—" if c is None or c["mean_diff"] is None else f"{100 * c['mean_diff']:+.1f}{_ci(c['ci'])}"
+
+
+def outcome(res: dict) -> dict:
+    """The outcome the diagnostics are set beside: RAM+ minus task arithmetic w = 1 (mean accuracy, points, with
+    its interval) and both retained shares, for the merge of all agents."""
+    m = res["models"]
+    return {
+        "ramplus_minus_ta_sum": res["ramplus_vs"].get("ta_sum"),
+        "retained": {k: m[k].get("retained_mean") for k in ("ramplus", "ta_sum") if k in m},
+    }
+
+
+def diagnostics_section(res: dict) -> list[str]:
+    """Per pair of agents: the diagnostics of `mergekit-ram inspect` beside the pair's own merges (when built)."""
+    pairs = res.get("pairs") or []
+    if not pairs:
+        return []
+    o = outcome(res)
+    merged = any("ramplus_minus_ta_sum" in p for p in pairs)
+    out = [
+        "",
+        "## Diagnostics beside the outcome",
+        "",
+        "Per pair of agents (`mergekit-ram inspect`): the entries both changed (share of the sparser agent's "
+        "changed entries), the share of those where the two updates have the same sign, and the cosine of the two "
+        "task vectors over them."
+        + (
+            " Beside them, the same pair merged alone by `ramplus` and by task arithmetic w = 1: the difference "
+            "in mean accuracy on the pair's two tasks and each merge's retained share of the two specialists' gains."
+            if merged
+            else ""
+        ),
+        "",
+        "| agents | entries both changed | same sign | cosine"
+        + (" | ramplus - TA w=1 (points) [95% CI] | retained: ramplus | retained: TA w=1 |" if merged else " |"),
+        "|---|---|---|---" + ("|---|---|---|" if merged else "|"),
+    ]
+    for p in pairs:
+        cells = [
+            " + ".join(p["agents"]),
+            f"{p.get('common', '—'):,} ({_pct(p.get('common_share'))} %)" if "common" in p else "—",
+            f"{_pct(p.get('same_sign_share'))} %",
+            "—" if p.get("cosine") is None else f"{p['cosine']:.3f}",
+        ]
+        if merged:
+            got = p.get("merges", {})
+            cells += [
+                _diff(p.get("ramplus_minus_ta_sum")),
+                _share(got.get("ramplus", {}).get("retained_mean")),
+                _share(got.get("ta_sum", {}).get("retained_mean")),
+            ]
+        out.append("| " + " | ".join(cells) + " |")
+    if o["ramplus_minus_ta_sum"] is not None:
+        r = o["retained"]
+        out += [
+            "",
+            f"All agents merged: ramplus - task arithmetic w = 1 = {_diff(o['ramplus_minus_ta_sum'])} points of mean "
+            f"accuracy; retained share ramplus {_share(r.get('ramplus'))}, task arithmetic w = 1 "
+            f"{_share(r.get('ta_sum'))}.",
+        ]
+    return out
+
+
 def markdown(res: dict, short: bool = False) -> str:
     tasks = list(res["tasks"])
     n = res["eval"]["n"]
@@ -234,8 +359,10 @@ def markdown(res: dict, short: bool = False) -> str:
     base_stage = res["stages"].get("base", {})
     out += [
         f"Command: `{res['command']}`  ",
-        f"Date {res['date']}, commit `{(res['git_commit'] or '?')[:10]}`, {res['machine']['cpu']}, "
-        f"{res['machine']['cores']} cores, torch {res['machine']['torch']}, mergekit {res['machine']['mergekit']}. "
+        f"Date {res['date']}, commit `{_commit(res['git_commit'])}`, {res['machine']['cpu']}, "
+        f"{res['machine']['cores']} cores"
+        + (f" ({c} kernels)" if (c := res["machine"].get("torch_cpu_capability")) else "")
+        + f", torch {res['machine']['torch']}, mergekit {res['machine']['mergekit']}. "
         f"This run: {res['runtime_s']:.0f} s; building every stage from scratch: "
         f"{res['build_seconds_total']:.0f} s.",
         "",
@@ -290,8 +417,9 @@ def markdown(res: dict, short: bool = False) -> str:
             "",
             "## bf16 task vectors: density and overlap (`mergekit-ram inspect`, ε = 1e-5)",
             "",
-            "| agent | changed weights | of those: unique | shared with 1 | shared with ≥ 2 | ρ | λ (r 0.1, α 2) |",
-            "|---|---|---|---|---|---|---|",
+            "| agent | changed weights | of those: unique | shared with 1 | shared with ≥ 2 | ρ | λ (r 0.1, α 2) "
+            "| share of Σ\\|τ\\| in unique entries | changes of one bf16 step |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for t, d in res["density"].items():
             rho = d["rho_counted"]
@@ -300,8 +428,9 @@ def markdown(res: dict, short: bool = False) -> str:
                 f"{_pct(d['shared_with_1_share'])} % | {_pct(d['shared_with_2plus_share'])} % | "
                 f"{rho if isinstance(rho, str) else f'{rho:.3f}'} | "
                 + ("—" if d["lambda"] is None else f"{d['lambda']:.4f}")
-                + " |"
+                + f" | {_pct(d.get('magnitude_unique_share'))} % | {_pct(d.get('single_step_share'))} % |"
             )
+    out += diagnostics_section(res)
 
     if res["r_sweep"]:
         out += _sweep_table("## r sweep (ramplus, α = 2)", "r", "r", res["r_sweep"], str)

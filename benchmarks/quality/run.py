@@ -18,6 +18,7 @@ import argparse
 import copy
 import datetime
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -38,7 +39,8 @@ import tasks as T  # noqa: E402
 
 BIN = Path(sys.executable).parent
 #: bumped when a stage's code changes what it builds (part of every cache key of that stage)
-VERSIONS = {"base": 1, "agent": 1, "merge": 1, "inspect": 1, "eval": 1}
+#: inspect 2: stats.json carries the diagnostics (mergekit-ram format_version 2); a cached version-1 stage lacks them
+VERSIONS = {"base": 1, "agent": 1, "merge": 1, "inspect": 2, "eval": 1}
 
 # --------------------------------------------------------------------------- #
 # Configurations
@@ -58,6 +60,9 @@ ALL_MERGES = [
     "ramplus_eps1e-4",
     "ramplus_eps1e-3",
 ]
+#: merged once more on every pair of agents: the outcome (RAM+ minus task arithmetic w = 1) beside each pair's
+#: diagnostics (same-sign share, cosine), more evidence than one merge of all agents per regime
+PAIR_MERGES = ["ramplus", "ta_sum"]
 #: task difficulty shared by `full` and `dev`
 TASKS = {
     "add": {"digits": 2},
@@ -101,12 +106,13 @@ CONFIGS: dict[str, dict] = {
             "per_task": {
                 "add": {"steps": 800},
                 "sort": {"steps": 100},
-                "reverse": {"steps": 160},
+                "reverse": {"steps": 250},
                 "count": {"steps": 120},
             },
         },
         "eval": {"n": 2500, "exclude": 2500, "batch": 512, "bootstrap": 2000},
         "merges": ALL_MERGES,
+        "pairs": PAIR_MERGES,
         "inspect": True,
         "jobs": 2,
     },
@@ -143,6 +149,7 @@ CONFIGS: dict[str, dict] = {
         },
         "eval": {"n": 1000, "exclude": 2500, "batch": 500, "bootstrap": 1000},
         "merges": ALL_MERGES,
+        "pairs": PAIR_MERGES,
         "inspect": True,
         "jobs": 2,
     },
@@ -179,6 +186,7 @@ CONFIGS: dict[str, dict] = {
         },
         "eval": {"n": 64, "exclude": 64, "batch": 512, "bootstrap": 200},
         "merges": ["ta_mean", "ties", "ramplus"],
+        "pairs": PAIR_MERGES,
         "inspect": True,
         "jobs": 3,
     },
@@ -287,7 +295,7 @@ def check_config(cfg: dict) -> None:
         if name not in T.TASKS:
             raise SystemExit(f"unknown task {name!r}; known: {sorted(T.TASKS)}")
         cfg["tasks"][name] = T.params(name, p)
-    unknown = [m for m in cfg["merges"] if m not in MERGES]
+    unknown = [m for m in [*cfg["merges"], *cfg.get("pairs", [])] if m not in MERGES]
     if unknown:
         raise SystemExit(f"unknown merge(s) {unknown}; known: {sorted(MERGES)}")
     if cfg["eval"]["exclude"] < cfg["eval"]["n"]:
@@ -370,6 +378,10 @@ def files_digest(folder: Path) -> str:
 # --------------------------------------------------------------------------- #
 # Pipeline
 # --------------------------------------------------------------------------- #
+#: a built agent: (its model folder, its stage key)
+T_Agent = tuple[Path, str]
+
+
 class Pipeline:
     def __init__(self, cfg: dict, root: Path):
         self.cfg, self.root = cfg, root
@@ -384,6 +396,8 @@ class Pipeline:
         self.eval_items = {n: items[: ev["n"]] for n, items in self.held_out.items()}
         self.exclude = {p for items in self.held_out.values() for p, _ in items}
         self.stages: dict[str, dict] = {}
+        #: the merge rows in order (`merge_rows`), set by `merges`
+        self.rows: list[str] = []
         self.env = {**os.environ, "MERGEKIT_RAM_CACHE": str(root / "ram-cache")}
 
     def _record(self, name: str, meta: dict, cached: bool, keep: tuple[str, ...] = ()) -> None:
@@ -510,29 +524,46 @@ class Pipeline:
         cfg["dtype"] = "bfloat16"
         return cfg
 
-    def merges(self, base: Path, base_key: str, agents: dict[str, tuple[Path, str]]) -> dict[str, Path]:
+    @staticmethod
+    def pair_of(row: str) -> tuple[str, str, str] | None:
+        """(merge name, agent A, agent B) of a pair row `NAME A+B`, None for any other row."""
+        name, _, pair = row.partition(" ")
+        a, plus, b = pair.partition("+")
+        return (name, a, b) if name in MERGES and plus and a and b else None
+
+    def merge_rows(self, agents: dict[str, T_Agent]) -> dict[str, tuple[str, dict[str, T_Agent]]]:
+        """{row: (merge name, the agents it merges)}: each of `merges` on all agents, then each of `pairs` on
+        every pair of agents (row `NAME A+B`; with two agents the same merge as NAME, so the same cached folder)."""
+        rows = {name: (name, agents) for name in self.cfg["merges"]}
+        for a, b in itertools.combinations(agents, 2):
+            for name in self.cfg.get("pairs", []):
+                rows[f"{name} {a}+{b}"] = (name, {a: agents[a], b: agents[b]})
+        return rows
+
+    def merges(self, base: Path, base_key: str, agents: dict[str, T_Agent]) -> dict[str, Path]:
+        """Every merge of `merge_rows`, built by `mergekit-yaml` (`jobs` at a time): {row: model folder}."""
         todo = []
         out = {}
-        for name in self.cfg["merges"]:
+        for row, (name, merged) in self.merge_rows(agents).items():
             spec = MERGES[name]
             payload = {
                 "spec": spec.__dict__,
                 "base": base_key,
-                "agents": [k for _, k in agents.values()],
+                "agents": [k for _, k in merged.values()],
                 "seed": self.seed,
                 "mergekit": version("mergekit"),
             }
             key = key_of("merge", payload)
             stage = Stage(self.root / "merges" / f"{name}-{key}", key, payload)
-            out[name] = stage.folder / "model"
-            todo.append((name, spec, stage))
+            out[row] = stage.folder / "model"
+            todo.append((row, spec, stage, merged))
 
         def run_one(item) -> None:
-            name, spec, stage = item
+            name, spec, stage, merged = item
 
             def build(tmp: Path) -> dict:
                 tmp.mkdir(parents=True)
-                config = self.merge_config(spec, base, agents)
+                config = self.merge_config(spec, base, merged)
                 cfg_path = tmp / "merge.yaml"
                 cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
                 cmd = [
@@ -560,14 +591,23 @@ class Pipeline:
             meta, cached = stage.build(build)
             self._record(f"merge {name}", meta, cached, ("config", "command"))
 
+        # two rows can be one stage (a pair merge of two agents is the merge of all): built once, recorded for both
+        first: dict[Path, tuple] = {}
+        for item in todo:
+            first.setdefault(item[2].folder, item)
         with ThreadPoolExecutor(max_workers=max(1, self.cfg["jobs"])) as pool:
-            list(pool.map(run_one, todo))
+            list(pool.map(run_one, first.values()))
+        for item in todo:
+            row = first[item[2].folder][0]
+            if row != item[0]:
+                self.stages[f"merge {item[0]}"] = {**self.stages[f"merge {row}"], "same_stage_as": f"merge {row}"}
+        self.rows = list(out)
         return out
 
     def _order(self, stage: str) -> tuple[int, int]:
         kind, _, name = stage.partition(" ")
         kinds = ["base", "agent", "merge", "inspect", "eval"]
-        index = self.cfg["merges"].index(name) if kind == "merge" else 0
+        index = self.rows.index(name) if kind == "merge" and name in self.rows else 0
         return kinds.index(kind) if kind in kinds else 9, index
 
     # -- density / overlap --------------------------------------------------
@@ -684,6 +724,12 @@ def machine() -> dict:
     except OSError:
         pass
     info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    try:  # the vector ISA torch's CPU kernels use: float results (so the trained weights) depend on it
+        import torch
+
+        info["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    except (ImportError, AttributeError):
+        info["torch_cpu_capability"] = None
     for pkg in ("torch", "transformers", "mergekit", "mergekit-ram", "numpy"):
         try:
             info[pkg] = version(pkg)
@@ -693,12 +739,21 @@ def machine() -> dict:
 
 
 def git_commit() -> str | None:
+    """HEAD, with `+changes` when the package or this benchmark differ from it (the run used uncommitted code)."""
     try:
-        return subprocess.run(
+        head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", "../../mergekit_ram", "."],
+            cwd=HERE,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
+    return head + ("+changes" if changed else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -765,7 +820,9 @@ def main(argv: list[str] | None = None) -> int:
             "stages": pipe.stages,
             "runtime_s": round(time.perf_counter() - start, 1),
             # what building every stage from scratch took (cached stages: their recorded build time)
-            "build_seconds_total": round(sum(s.get("build_seconds", 0) for s in pipe.stages.values()), 1),
+            "build_seconds_total": round(
+                sum(s.get("build_seconds", 0) for s in pipe.stages.values() if "same_stage_as" not in s), 1
+            ),
         }
     )
     if inspected is not None:
