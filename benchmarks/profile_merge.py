@@ -63,7 +63,7 @@ def phase(stack: list[str]) -> str:
     joined = ";".join(stack)
     if "_find_and_load" in joined and "run_merge" not in joined:
         return "1 start-up (imports)"
-    if "mergekit_ram/prepass.py" in joined or "mergekit_ram/statistics.py" in joined:
+    if "mergekit_ram/_mergekit/planning.py" in joined or "mergekit_ram/statistics.py" in joined:
         return "3 statistics pass"
     if "graph.py" in joined or "Executor" in joined:
         return "4 merge (executor)"

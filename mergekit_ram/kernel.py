@@ -180,24 +180,27 @@ def diagnose(
         b = flat_base[start:stop].to(cdtype)
         kb = _keys(flat_base[start:stop].to(promoted))
         deltas = torch.stack([a[start:stop].to(cdtype) - b for a in flat_agents])
-        peaks = torch.maximum(peaks, deltas.abs().amax(dim=1))
-        masks = deltas.abs() > epsilon
+        size = deltas.abs()
+        peaks = torch.maximum(peaks, size.amax(dim=1))
+        masks = size > epsilon
         hits = masks.sum(dim=0)
+        unique = masks & (hits == 1)
         counts[:, 0] += masks.sum(dim=1)
-        counts[:, 1] += (masks & (hits == 1)).sum(dim=1)
+        counts[:, 1] += unique.sum(dim=1)
         counts[:, 2] += (masks & (hits == 2)).sum(dim=1)
         for t, a in enumerate(flat_agents):
             gap = _keys(a[start:stop].to(promoted)) - kb
             single[t] += (masks[t] & (gap.abs() == 1)).sum()
-        wide = deltas.to(torch.float64).abs()
-        magnitude[:, 0] += (wide * (masks & (hits == 1))).sum(dim=1)
+        wide = size.to(torch.float64)  # |x| then widening: exact, the same as widening then |x|
+        magnitude[:, 0] += (wide * unique).sum(dim=1)
         magnitude[:, 1] += (wide * (masks & (hits >= 2))).sum(dim=1)
         for k, (i, j) in enumerate(pairs(n)):
             both = masks[i] & masks[j]
             u, v = deltas[i][both].to(torch.float64), deltas[j][both].to(torch.float64)
+            uv = u * v
             pair_counts[k, 0] += both.sum()
-            pair_counts[k, 1] += (u * v > 0).sum()
-            pair_sums[k, 0] += (u * v).sum()
+            pair_counts[k, 1] += (uv > 0).sum()
+            pair_sums[k, 0] += uv.sum()
             pair_sums[k, 1] += (u * u).sum()
             pair_sums[k, 2] += (v * v).sum()
     _check_finite(peaks, base, agents, names, tensor_name, base_name)

@@ -42,7 +42,6 @@ from mergekit_ram.session import Planned
 
 FORMAT = output_checks.STATS_FORMAT
 FORMAT_VERSION = 2  # 2: diagnostics (per agent and `pairs`) added
-_PARAMETERS = ("epsilon", "r", "alpha", "rho_scope", "lambda_rule")
 PROJECT_URL = "https://pypi.org/project/mergekit-ram/"
 
 
@@ -57,10 +56,10 @@ def build(
     """The report of one planned ramplus merge (`planned`: its counted tensors, in planning order;
     `tied`: tensors counted once with the tensor they are tied to)."""
     first = planned[0]
-    params = {k: first.parameters[k] for k in _PARAMETERS}
+    params = dict(first.parameters)  # every ramplus parameter, in params.DEFAULTS order
     varying = {
         k: sorted({t.parameters[k] for t in planned}, key=str)
-        for k in _PARAMETERS
+        for k in params
         if any(t.parameters[k] != params[k] for t in planned)
     }
     base = first.base

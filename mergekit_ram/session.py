@@ -41,8 +41,6 @@ class MergeSession:
     """
 
     config: Any
-    options: Any = None
-    out_path: str | None = None
     mode: str = "merge"
     check_parameters: bool = True
     config_checked: bool = False

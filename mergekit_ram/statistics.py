@@ -174,6 +174,12 @@ def scope_group(tensor: str, scope: str) -> str:
     raise ValueError(f"rho_scope must be one of {SCOPES}, got {scope!r}")
 
 
+def _diagnosed(tensors: Sequence[TensorCounts]) -> list[Diagnostics] | None:
+    """The diagnostics of every tensor; None when there are no tensors or any lacks them (counted before them)."""
+    found = [t.diagnostics for t in tensors if t.diagnostics is not None]
+    return found if tensors and len(found) == len(tensors) else None
+
+
 @dataclass
 class Statistics:
     """All counts of one pre-pass, in planning order."""
@@ -193,8 +199,8 @@ class Statistics:
                 row[2] += pair
                 row[3] += t.numel
         extra: dict[str, dict] = {a: {} for a in self.agents}
-        found = [t.diagnostics for t in chosen if t.diagnostics is not None]
-        if chosen and len(found) == len(chosen):
+        found = _diagnosed(chosen)
+        if found is not None:
             for a in self.agents:
                 extra[a] = {
                     "single": sum(d.single[a] for d in found),
@@ -205,17 +211,17 @@ class Statistics:
 
     @property
     def has_diagnostics(self) -> bool:
-        return bool(self.tensors) and all(t.diagnostics is not None for t in self.tensors)
+        return _diagnosed(self.tensors) is not None
 
     def pair_totals(self, tensors: Iterable[TensorCounts] | None = None) -> list[PairStats]:
         """Every pair of agents over `tensors` (default: the whole model); empty without diagnostics."""
-        chosen = list(self.tensors if tensors is None else tensors)
-        if not chosen or any(t.diagnostics is None for t in chosen):
+        found = _diagnosed(list(self.tensors if tensors is None else tensors))
+        if found is None:
             return []
         out = []
         for i, a in enumerate(self.agents):
             for b in self.agents[i + 1 :]:
-                rows = [t.diagnostics.pairs[(a, b)] for t in chosen if t.diagnostics is not None]
+                rows = [d.pairs[(a, b)] for d in found]
                 out.append(
                     PairStats(
                         a,

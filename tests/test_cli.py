@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import models
-from helpers import closed_form, config_text, number, strict_json, validate_schema
+from helpers import closed_form, config_text, strict_json, validate_schema
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

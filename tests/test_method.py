@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Dict, Iterable, Optional, Sequence
 
 import pytest
 import torch

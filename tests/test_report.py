@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import os
@@ -20,18 +19,15 @@ import re
 import shutil
 from importlib.metadata import version
 from pathlib import Path
-from typing import Dict
 
 import pytest
 import torch
 import yaml
 
-import models
 from helpers import closed_form, config_text, inputs_of, no_weights_written, number, read_stats, stats_by_path, strict_json, validate_schema
 import reference as R
 
 LOGGER = "mergekit_ram"
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
 def test_ram_stats_json_schema_and_closed_form(merged, qwen_bf16):
     run = merged(config_text(qwen_bf16, "ABC"))
     text = (run.out / "ram_stats.json").read_text(encoding="utf-8")

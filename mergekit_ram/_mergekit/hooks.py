@@ -96,9 +96,7 @@ def _run_ramplus_merge(run_merge: Callable[..., Any], merge_config: Any, *args: 
     out_path = args[0] if args else kwargs.get("out_path")
     options = args[1] if len(args) > 1 else kwargs.get("options")
     config_source = args[2] if len(args) > 2 else kwargs.get("config_source")
-    merge = session.MergeSession(
-        config=merge_config, options=options, out_path=out_path, in_run_merge=True, fast_loading=True
-    )
+    merge = session.MergeSession(config=merge_config, in_run_merge=True, fast_loading=True)
     with session.active(merge):
         config_checks.check_devices(options)
         planning.check_inputs(merge_config, card=config_source is None and getattr(options, "write_model_card", False))
@@ -123,12 +121,18 @@ def _run_ramplus_merge(run_merge: Callable[..., Any], merge_config: Any, *args: 
             raise
 
 
+def _session_for(planner: Any) -> session.MergeSession:
+    """The merge session `planner` belongs to; a new one for a planner driven directly (not from run_merge)."""
+    current = session.current()
+    if current is None or not current.owns(planner.config):
+        current = session.MergeSession(config=planner.config)
+    return current
+
+
 def _plan(original: Callable[[Any], None], planner: Any) -> None:
     if not resolves_to_ours(planner.config.merge_method):
         return original(planner)
-    current = session.current()
-    if current is None or not current.owns(planner.config):  # a planner driven directly
-        current = session.MergeSession(config=planner.config, options=planner.options)
+    current = _session_for(planner)
     with session.active(current):
         planning.check_config(current)
         original(planner)
@@ -138,9 +142,7 @@ def _plan(original: Callable[[Any], None], planner: Any) -> None:
 def _plan_to_disk(original: Callable[[Any, str], list[Any]], planner: Any, out_path: str) -> list[Any]:
     if not resolves_to_ours(planner.config.merge_method):
         return original(planner, out_path)
-    current = session.current()
-    if current is None or not current.owns(planner.config):  # a planner driven directly
-        current = session.MergeSession(config=planner.config, options=planner.options, out_path=out_path)
+    current = _session_for(planner)
     with session.active(current):
         output_checks.check_output(planner.config, out_path)
         output_checks.remove_stale_statistics(out_path)

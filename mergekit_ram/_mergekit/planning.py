@@ -26,11 +26,10 @@ from mergekit.graph import Task
 from mergekit_ram import cache, config_checks, files, input_checks, kernel, output_checks, report, statistics, tables
 from mergekit_ram._mergekit import surface
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
+from mergekit_ram.params import DEFAULTS
 from mergekit_ram.session import MergeSession, Planned, active
 
 LOG = logging.getLogger("mergekit_ram")
-
-_PARAMETERS = ("epsilon", "r", "alpha", "rho_scope", "lambda_rule")
 
 
 # --------------------------------------------------------------------------- #
@@ -60,9 +59,7 @@ def _ours(config: Any) -> bool:
 def prepare(planner: Any, current: MergeSession) -> None:
     """Count (or load), reduce to rho per scope, inject into the planned tasks, keep the report in `current`."""
     found = _planned_tasks(planner)
-    if not found:
-        if current.mode == "inspect":
-            raise ValueError("nothing to inspect: the config plans no tensor")
+    if not found:  # nothing to count (inspect says so when it finds no report)
         return
     found = _round_once_to_out_dtype(planner, found)
     tasks = [task for _, task in found]
@@ -81,13 +78,14 @@ def prepare(planner: Any, current: MergeSession) -> None:
         if task.input_parameters[model].get("rho") is None
     }
     counting = bool(needs) or current.mode == "inspect"
-    current.stats, current.source = _statistics(planner, tasks, compute=counting)
+    seen: dict[str, dict] = {}  # each input folder's identity, read once (cache key and report)
+    current.stats, current.source = _statistics(planner, tasks, seen, compute=counting)
     if not needs and current.mode == "merge":
         LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")
     if current.stats is not None and current.mode == "merge":
         _inject(planner, found, current.stats, needs, tied)
     current.report = report.build(
-        current.stats, current.planned, source=current.source, identities=_identities(tasks[0]), tied=tied
+        current.stats, current.planned, source=current.source, identities=_identities(tasks[0], seen), tied=tied
     )
     if current.stats is None or current.mode != "merge":
         return
@@ -164,7 +162,7 @@ def _summary(task: Any) -> Planned:
         name=task.output_weight.name,
         base=str(task.base_model),
         agents=tuple(str(m) for m in agents),
-        parameters={k: task.parameters[k] for k in _PARAMETERS},
+        parameters={k: task.parameters[k] for k in DEFAULTS},
         given_rho={str(m): task.input_parameters[m].get("rho") for m in agents},
     )
 
@@ -229,9 +227,11 @@ def _warn_stored_dtypes(config: Any, row: tuple[str, str, bool, dict[str, input_
     input_checks.warn_stored_dtypes(stored, base, config.dtype, wanted.itemsize if wanted is not None else None)
 
 
-def _statistics(planner: Any, tasks: list[Any], *, compute: bool) -> tuple[statistics.Statistics | None, str]:
+def _statistics(
+    planner: Any, tasks: list[Any], seen: dict[str, dict], *, compute: bool
+) -> tuple[statistics.Statistics | None, str]:
     agents = [str(m) for m in _agents(tasks[0])]
-    digest = _cache_key(tasks)
+    digest = _cache_key(tasks, seen)
     entry = cache.load(digest) if digest else None
     if digest and entry is not None and _covers(entry, agents, tasks):
         LOG.info("ramplus: statistics from cache %s (no tensor read)", digest[:12])
@@ -254,14 +254,14 @@ def _covers(entry: dict, agents: list[str], tasks: list[Any]) -> bool:
     return False
 
 
-def _cache_key(tasks: list[Any]) -> str | None:
+def _cache_key(tasks: list[Any], seen: dict[str, dict]) -> str | None:
     if cache.directory() is None:
         return None
     try:
         models = {m for t in tasks for m in t.model_order}
         parts = {
             "kernel": "active=|tau|>eps; tau in float32 (float64 for float64 inputs)",
-            "models": {str(m): _folder_identity(m) for m in sorted(models, key=str)},
+            "models": {str(m): _folder_identity(m, seen) for m in sorted(models, key=str)},
             "tensors": [
                 [
                     t.output_weight.name,
@@ -280,17 +280,20 @@ def _cache_key(tasks: list[Any]) -> str | None:
         return None
 
 
-def _folder_identity(model: Any) -> dict:
-    from mergekit.io.tasks import LoaderCache
+def _folder_identity(model: Any, seen: dict[str, dict]) -> dict:
+    """The identity of `model`'s folder (`cache.folder_identity`), read once per statistics pass (`seen`)."""
+    if str(model) not in seen:
+        from mergekit.io.tasks import LoaderCache
 
-    return cache.folder_identity(LoaderCache().get(model).index.base_path)
+        seen[str(model)] = cache.folder_identity(LoaderCache().get(model).index.base_path)
+    return seen[str(model)]
 
 
-def _identities(task: Any) -> dict[str, dict]:
+def _identities(task: Any, seen: dict[str, dict]) -> dict[str, dict]:
     out = {}
     for model in task.model_order:
         try:
-            out[str(model)] = report.public_identity(_folder_identity(model))
+            out[str(model)] = report.public_identity(_folder_identity(model, seen))
         except Exception:
             out[str(model)] = {}
     return out
@@ -513,7 +516,7 @@ def inspect(config: Any, options: Any) -> MergeSession:
     ours = _ours(config)
     if not ours:
         config = config.model_copy(update={"merge_method": NAME})
-    current = MergeSession(config=config, options=options, mode="inspect", check_parameters=ours, fast_loading=True)
+    current = MergeSession(config=config, mode="inspect", check_parameters=ours, fast_loading=True)
     loading.install()
     with active(current):
         check_config(current)
