@@ -40,7 +40,7 @@ def build(
         }
     valid = [t for t in tasks if gains[t]["significant"]]
 
-    pair_rows = {row: pair for row in correct if (pair := R.Pipeline.pair_of(row))}
+    pair_rows = pipe.pairs
     models = {}
     for row in correct:
         if row in pair_rows:
@@ -328,7 +328,7 @@ def diagnostics_section(res: dict) -> list[str]:
     for p in pairs:
         cells = [
             " + ".join(p["agents"]),
-            f"{p.get('common', '—'):,} ({_pct(p.get('common_share'))} %)" if "common" in p else "—",
+            f"{p['common']:,} ({_pct(p.get('common_share'))} %)" if "common" in p else "—",
             f"{_pct(p.get('same_sign_share'))} %",
             "—" if p.get("cosine") is None else f"{p['cosine']:.3f}",
         ]

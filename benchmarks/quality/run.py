@@ -396,8 +396,9 @@ class Pipeline:
         self.eval_items = {n: items[: ev["n"]] for n, items in self.held_out.items()}
         self.exclude = {p for items in self.held_out.values() for p, _ in items}
         self.stages: dict[str, dict] = {}
-        #: the merge rows in order (`merge_rows`), set by `merges`
+        #: the merge rows in order (`merge_rows`), and {pair row: (merge name, agent A, agent B)}, set by `merges`
         self.rows: list[str] = []
+        self.pairs: dict[str, tuple[str, str, str]] = {}
         self.env = {**os.environ, "MERGEKIT_RAM_CACHE": str(root / "ram-cache")}
 
     def _record(self, name: str, meta: dict, cached: bool, keep: tuple[str, ...] = ()) -> None:
@@ -524,13 +525,6 @@ class Pipeline:
         cfg["dtype"] = "bfloat16"
         return cfg
 
-    @staticmethod
-    def pair_of(row: str) -> tuple[str, str, str] | None:
-        """(merge name, agent A, agent B) of a pair row `NAME A+B`, None for any other row."""
-        name, _, pair = row.partition(" ")
-        a, plus, b = pair.partition("+")
-        return (name, a, b) if name in MERGES and plus and a and b else None
-
     def merge_rows(self, agents: dict[str, T_Agent]) -> dict[str, tuple[str, dict[str, T_Agent]]]:
         """{row: (merge name, the agents it merges)}: each of `merges` on all agents, then each of `pairs` on
         every pair of agents (row `NAME A+B`; with two agents the same merge as NAME, so the same cached folder)."""
@@ -544,7 +538,9 @@ class Pipeline:
         """Every merge of `merge_rows`, built by `mergekit-yaml` (`jobs` at a time): {row: model folder}."""
         todo = []
         out = {}
-        for row, (name, merged) in self.merge_rows(agents).items():
+        rows = self.merge_rows(agents)
+        self.pairs = {row: (name, *merged) for row, (name, merged) in rows.items() if row not in self.cfg["merges"]}
+        for row, (name, merged) in rows.items():
             spec = MERGES[name]
             payload = {
                 "spec": spec.__dict__,
