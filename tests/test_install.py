@@ -1,5 +1,5 @@
 """Packaging: the wheel ships the start-up hook, the editable install is current,
-and the README's set-up commands are the ones CI runs."""
+the README's set-up commands (its Development section) are the ones CI runs, and its links resolve."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def test_editable_install_has_current_pth():
 
 
 # --------------------------------------------------------------------------- #
-# README set-up commands == CI
+# README set-up commands (section "Development") == CI
 # --------------------------------------------------------------------------- #
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)")
@@ -204,7 +204,7 @@ def _logical_lines(text: str) -> list[str]:
 
 
 def _setup_blocks(readme: str):
-    """(heading, [block text, ...]) for the first heading whose title mentions set-up."""
+    """(heading, [block text, ...]) for the first heading titled "Development": the contributor's set-up."""
     lines = readme.splitlines()
     fence = None
     heading = level = None
@@ -229,7 +229,7 @@ def _setup_blocks(readme: str):
         if found:
             if heading is not None and len(found.group(1)) <= level:
                 break
-            if heading is None and re.search(r"set[\s-]?up", found.group(2), re.I):
+            if heading is None and re.fullmatch(r"development", found.group(2), re.I):
                 heading, level = found.group(2), len(found.group(1))
     return heading, blocks
 
@@ -239,7 +239,7 @@ def test_readme_setup_commands_are_what_ci_runs():
     assert readme_path.is_file(), "README.md is missing"
     assert ci_path.is_file(), ".ci/run is missing"
     heading, blocks = _setup_blocks(readme_path.read_text())
-    assert heading is not None, "README.md has no heading containing 'Set-up' (e.g. '## Set-up')"
+    assert heading is not None, "README.md has no heading 'Development' (e.g. '## Development')"
     assert len(blocks) == 2, (
         f"README section {heading!r} must hold exactly two fenced shell blocks "
         f"(1: install + example merge, 2: tests); found {len(blocks)}"
@@ -284,3 +284,33 @@ def test_contributing_checks_command_is_what_ci_runs():
     assert command in ci, f".ci/run does not run the checks command:\n  {command}"
     assert ci.index(command) < ci.index("python -m pytest -q"), "the checks must run before the tests"
 
+
+
+# --------------------------------------------------------------------------- #
+# README links
+# --------------------------------------------------------------------------- #
+def _slug(title: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    title = re.sub(r"[^\w\- ]", "", title.replace("`", "").strip().lower())
+    return title.replace(" ", "-")
+
+
+def test_readme_relative_links_resolve():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = re.sub(r"^\s*(```+|~~~+).*?^\s*\1\s*$", "", text, flags=re.S | re.M)  # fenced code
+    anchors = {_slug(m.group(2)) for m in map(_HEADING.match, text.splitlines()) if m}
+    prose = re.sub(r"`[^`\n]*`", "", text)  # inline code
+    targets = re.findall(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", prose)
+    targets += re.findall(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", prose, flags=re.M)
+    assert targets, "found no links in README.md"
+    broken = []
+    for target in targets:
+        if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):  # https:, mailto:
+            continue
+        path, _, fragment = target.partition("#")
+        if not path:
+            if fragment not in anchors:
+                broken.append(f"{target} (no such heading in README.md)")
+        elif not (REPO / path).exists():
+            broken.append(f"{target} (no such file or folder)")
+    assert not broken, f"README.md links that do not resolve: {broken}"
