@@ -1,0 +1,216 @@
+"""A stand-in for the Hugging Face hub's HTTP endpoints, on 127.0.0.1, for tests/test_hub.py.
+
+It serves, from memory, only the files it is given: model repositories (`org/name`), each
+a list of commits (oldest first, the last one is `main`), each commit the files of one
+local folder. Nothing leaves the machine: the server binds 127.0.0.1 only, and a
+process pointed at it with `HF_ENDPOINT=http://127.0.0.1:PORT` asks it, not the hub.
+
+The endpoints are those mergekit 0.1.5, transformers 5 and huggingface_hub 2.4 call for a
+hub id (found by reading their code and by logging requests; see `requests`):
+
+* `GET /api/models/{repo}` and `GET /api/models/{repo}/revision/{revision}` (`repo_info`:
+  transformers' `AutoConfig.from_pretrained` resolving the default branch, and
+  `snapshot_download` resolving a branch; a commit hash is not resolved): JSON
+  `{"id", "sha", "siblings"}`, `sha` the commit the revision names;
+* `GET /api/models/{repo}/tree/{revision}` (`list_repo_tree`: mergekit's `list_repo_files`,
+  then `snapshot_download`'s listing; `recursive`/`expand` ignored, the repositories are
+  flat): JSON `[{"type": "file", "path", "size", "oid", "lfs"?}]`, one page (no `Link`
+  header). `.../tree/{revision}/{folder}` (transformers' chat-template look-up, when a
+  tokenizer is copied) answers EntryNotFound: there are no folders;
+* `HEAD` and `GET /{repo}/resolve/{revision}/{filename}` (`hf_hub_download`, by commit hash
+  from `snapshot_download` and transformers): 200 with `X-Repo-Commit` (the commit),
+  `ETag` (quoted: the git blob sha1, or the sha256 for a `.safetensors` file, which the hub
+  stores in LFS; `X-Linked-Etag` and `X-Linked-Size` the same for those), `Content-Length`,
+  and the file's bytes for GET. No redirects, no ranges, no Xet headers (so no Xet transfer).
+
+A revision is `main` or a full commit hash of that repository. Anything else answers 404
+with the `X-Error-Code` the hub sends (`RepoNotFound`, `RevisionNotFound`,
+`EntryNotFound`), so huggingface_hub raises its usual errors; every request is recorded
+(`requests`) so a test can say which endpoints were used, or that none was.
+
+The server stops by itself after `lifetime` seconds, and at `close()` (a context manager).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+LFS_SUFFIXES = (".safetensors", ".bin")
+
+
+@dataclass(frozen=True)
+class Blob:
+    data: bytes
+    git_sha1: str
+    sha256: str
+
+    @classmethod
+    def of(cls, data: bytes) -> Blob:
+        git = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        return cls(data, git, hashlib.sha256(data).hexdigest())
+
+
+@dataclass
+class Repo:
+    commits: dict[str, dict[str, Blob]] = field(default_factory=dict)  # sha -> filename -> blob, oldest first
+    main: str = ""
+
+
+def commit_sha(repo_id: str, number: int) -> str:
+    """A made-up, stable, 40-hex commit hash."""
+    return hashlib.sha1(f"{repo_id}#{number}".encode()).hexdigest()
+
+
+def read_folder(folder: Path) -> dict[str, Blob]:
+    """Every plain file directly in `folder` (the test models are flat)."""
+    return {p.name: Blob.of(p.read_bytes()) for p in sorted(Path(folder).iterdir()) if p.is_file()}
+
+
+class HubStub:
+    """`HubStub({"org/name": [folder_v1, folder_v2]})`: org/name with two commits, main = v2.
+
+    `url` is the HF_ENDPOINT to give; `shas["org/name"]` the commit hashes, oldest first;
+    `requests` the (method, path with query, status answered) of every request, in order."""
+
+    def __init__(self, repos: Mapping[str, Sequence[Path]], *, lifetime: float = 120.0):
+        self.repos: dict[str, Repo] = {}
+        self.shas: dict[str, list[str]] = {}
+        for repo_id, folders in repos.items():
+            repo = Repo()
+            for number, folder in enumerate(folders, start=1):
+                sha = commit_sha(repo_id, number)
+                repo.commits[sha] = read_folder(folder)
+                repo.main = sha
+            self.repos[repo_id] = repo
+            self.shas[repo_id] = list(repo.commits)
+        self.requests: list[tuple[str, str, int]] = []
+        self._lock = threading.Lock()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                stub._answer(self, body=True)
+
+            def do_HEAD(self):
+                stub._answer(self, body=False)
+
+            def log_message(self, format, *args):  # quiet: `requests` records what came
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="hub-stub", daemon=True)
+        self._timer = threading.Timer(lifetime, self._stop)
+        self._timer.daemon = True
+        self._closed = False
+        self._thread.start()
+        self._timer.start()
+
+    # ------------------------------------------------------------ lifetime
+
+    def _stop(self) -> None:
+        self._server.shutdown()  # returns once serve_forever has stopped (at once if it already has)
+        self._server.server_close()  # later connections are refused, not left waiting
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._timer.cancel()
+        self._stop()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> HubStub:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ requests
+
+    def _commit(self, repo_id: str, revision: str) -> tuple[Repo | None, str | None]:
+        repo = self.repos.get(repo_id)
+        if repo is None:
+            return None, None
+        sha = repo.main if revision == "main" else revision
+        return repo, sha if sha in repo.commits else None
+
+    def _answer(self, handler: BaseHTTPRequestHandler, *, body: bool) -> None:
+        parts = [unquote(p) for p in urlsplit(handler.path).path.split("/")[1:]]
+        if parts[:2] == ["api", "models"] and len(parts) >= 4:
+            repo_id, rest = f"{parts[2]}/{parts[3]}", parts[4:]
+            if rest == [] or (len(rest) == 2 and rest[0] == "revision"):
+                return self._info(handler, repo_id, rest[1] if rest else "main", body)
+            if len(rest) >= 2 and rest[0] == "tree":
+                return self._tree(handler, repo_id, rest[1], "/".join(rest[2:]), body)
+        elif len(parts) >= 5 and parts[2] == "resolve":
+            return self._file(handler, f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]), body)
+        self._send(handler, 404, b"", {"X-Error-Code": "RepoNotFound", "X-Error-Message": "not served"}, body)
+
+    def _missing(self, handler, repo: Repo | None, body: bool) -> None:
+        code = "RepoNotFound" if repo is None else "RevisionNotFound"
+        self._send(handler, 404, b"", {"X-Error-Code": code, "X-Error-Message": f"{code} (hub stub)"}, body)
+
+    def _info(self, handler, repo_id: str, revision: str, body: bool) -> None:
+        repo, sha = self._commit(repo_id, revision)
+        if sha is None:
+            return self._missing(handler, repo, body)
+        files = repo.commits[sha]
+        data = {"id": repo_id, "modelId": repo_id, "sha": sha, "private": False, "disabled": False, "gated": False,
+                "siblings": [{"rfilename": name} for name in files], "tags": []}
+        self._json(handler, data, {"X-Repo-Commit": sha}, body)
+
+    def _tree(self, handler, repo_id: str, revision: str, folder: str, body: bool) -> None:
+        repo, sha = self._commit(repo_id, revision)
+        if sha is None:
+            return self._missing(handler, repo, body)
+        if folder:  # the repositories are flat: no sub-folder exists (the hub says EntryNotFound)
+            headers = {"X-Error-Code": "EntryNotFound", "X-Error-Message": f"{folder} does not exist (hub stub)"}
+            return self._send(handler, 404, b"", headers, body)
+        entries = []
+        for name, blob in repo.commits[sha].items():
+            entry = {"type": "file", "path": name, "size": len(blob.data), "oid": blob.git_sha1}
+            if name.endswith(LFS_SUFFIXES):
+                entry["lfs"] = {"oid": blob.sha256, "size": len(blob.data), "pointerSize": 134}
+            entries.append(entry)
+        self._json(handler, entries, {}, body)
+
+    def _file(self, handler, repo_id: str, revision: str, filename: str, body: bool) -> None:
+        repo, sha = self._commit(repo_id, revision)
+        if sha is None:
+            return self._missing(handler, repo, body)
+        blob = repo.commits[sha].get(filename)
+        headers = {"X-Repo-Commit": sha}
+        if blob is None:
+            headers.update({"X-Error-Code": "EntryNotFound", "X-Error-Message": "Entry not found (hub stub)"})
+            return self._send(handler, 404, b"", headers, body)
+        if filename.endswith(LFS_SUFFIXES):
+            etag = blob.sha256
+            headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(blob.data))})
+        else:
+            etag = blob.git_sha1
+        headers["ETag"] = f'"{etag}"'
+        self._send(handler, 200, blob.data, headers, body, content_type="application/octet-stream")
+
+    def _json(self, handler, data, headers: dict, body: bool) -> None:
+        self._send(handler, 200, json.dumps(data).encode(), headers, body, content_type="application/json")
+
+    def _send(self, handler, status: int, data: bytes, headers: dict, body: bool, content_type="text/plain") -> None:
+        with self._lock:
+            self.requests.append((handler.command, handler.path, status))
+        handler.send_response(status)
+        handler.send_header("Content-Type", content_type)
+        handler.send_header("Content-Length", str(len(data)))
+        for key, value in headers.items():
+            handler.send_header(key, value)
+        handler.end_headers()
+        if body:
+            handler.wfile.write(data)

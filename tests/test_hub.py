@@ -1,0 +1,271 @@
+"""Hub ids (`org/name`, `org/name@<commit>`) through huggingface_hub, against a stand-in hub.
+
+tests/hub_stub.py serves three model repositories on 127.0.0.1 (nothing leaves the
+machine): `org/base` (the base), `org/agent-a` with two commits (the older one holds agent
+A's weights, `main` holds agent C's) and `org/agent-b` (B). `mergekit-yaml` runs as a
+subprocess with `HF_ENDPOINT` pointing at the stub and a fresh `HF_HOME` / `HF_HUB_CACHE`
+(huggingface_hub reads them at import). One merge names `org/agent-a@<older commit>`,
+`org/agent-a` and `org/agent-b`:
+
+* the merged tensors equal the float64 reference of the weights each revision holds;
+* `ram_stats.json` and the card give each input's revision (the commit hash: the snapshot
+  folder's name) and a content id equal to that of the folder the stub served;
+* offline (`HF_HUB_OFFLINE=1`) with that cache warm, the same hub ids fail: mergekit 0.1.5
+  asks `list_repo_files` before it looks in the cache. The snapshot folders, given as
+  paths, merge offline to the same bits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import models
+import reference as R
+from helpers import BF16, closed_form, read_stats, validate_schema
+from hub_stub import HubStub
+
+REPOS = {"org/base": ("base",), "org/agent-a": ("A", "C"), "org/agent-b": ("B",)}
+
+
+def _exe(name: str) -> str:
+    exe = Path(sys.executable).parent / name
+    if not exe.exists():
+        pytest.skip(f"the {name} console script is not installed next to this interpreter")
+    return str(exe)
+
+
+def hub_env(url: str, home: Path, *, offline: bool = False) -> dict:
+    """The environment of a process that may reach the stub only: no proxy, no token, no other HF_ setting."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY") and not k.startswith("HF_")}
+    env.pop("TRANSFORMERS_OFFLINE", None)
+    env.update(
+        HF_ENDPOINT=url, HF_HOME=str(home), HF_HUB_CACHE=str(home / "hub"), HF_HUB_DISABLE_TELEMETRY="1",
+        NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
+        MERGEKIT_RAM_CACHE="off", MERGEKIT_RAM_NATIVE="0",  # no statistics cache, no kernel build on the way
+    )
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+def merge(config_text: str, root: Path, name: str, env: dict) -> subprocess.CompletedProcess:
+    config = root / f"{name}.yml"
+    config.write_text(config_text, encoding="utf-8")
+    cwd = root / "cwd"  # nothing there is named like a hub id
+    cwd.mkdir(exist_ok=True)
+    return subprocess.run(
+        [_exe("mergekit-yaml"), str(config), str(root / name), "--no-copy-tokenizer", "--quiet"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=str(cwd),
+    )
+
+
+def config_of(base: str, agents: list[str]) -> str:
+    lines = ["merge_method: ramplus", f"base_model: {base}", "models:", *(f"  - model: {a}" for a in agents)]
+    return "\n".join([*lines, "dtype: bfloat16", ""])
+
+
+@pytest.fixture(scope="module")
+def hub(qwen_bf16, tmp_path_factory):
+    """The stub serving REPOS, and one online merge of hub ids into a fresh cache."""
+    root = tmp_path_factory.mktemp("hub")
+    home = root / "hf_home"
+    served = {repo: [qwen_bf16.paths[who] for who in members] for repo, members in REPOS.items()}
+    with HubStub(served, lifetime=240) as stub:
+        old, new = stub.shas["org/agent-a"]
+        labels = {f"org/agent-a@{old}": "A", "org/agent-a": "C", "org/agent-b": "B"}  # model -> its weights
+        done = merge(config_of("org/base", list(labels)), root, "online", hub_env(stub.url, home))
+        assert done.returncode == 0, done.stderr[-4000:]
+        yield SimpleNamespace(
+            stub=stub, root=root, home=home, old=old, new=new, labels=labels, out=root / "online",
+            requests=list(stub.requests), sha={repo: stub.shas[repo][-1] for repo in REPOS},
+        )
+
+
+def snapshot_folder(hub, repo: str, sha: str) -> Path:
+    return hub.home / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / sha
+
+
+def public_identity(folder) -> dict:
+    from mergekit_ram import cache, report
+
+    return report.public_identity(cache.folder_identity(str(folder)))
+
+
+# ---------------------------------------------------------------- online
+
+
+def test_hub_ids_merge_the_weights_of_each_revision(hub, qwen_bf16):
+    out = models.load_checkpoint(hub.out)
+    base = qwen_bf16.stored("base")
+    agents = {model: qwen_bf16.stored(who) for model, who in hub.labels.items()}
+    ref = R.reference_merge(base, agents, names=list(base))
+    assert set(out) == set(base)
+    assert all(t.dtype == BF16 for t in out.values())
+    R.assert_state_dict_matches(out, ref, R.reference_magnitudes(base, agents, list(base)))
+    # had the pin been ignored (agent-a twice at main), some tensor would differ
+    unpinned = {**agents, f"org/agent-a@{hub.old}": qwen_bf16.stored("C")}
+    wrong = R.reference_merge(base, unpinned, names=list(base))
+    assert any(not torch.equal(out[n], wrong[n].to(BF16)) for n in base)
+    # the statistics are those of agents A, C, B (closed form of the planted index sets)
+    _, totals = closed_form(qwen_bf16.family, "ACB")
+    rows = {row["model"]: row for row in read_stats(hub.out)["agents"]}
+    assert list(rows) == list(hub.labels)
+    for model, who in hub.labels.items():
+        want = totals[who]
+        assert (rows[model]["active"], rows[model]["shared"], rows[model]["unique"]) == (
+            want["active"], want["shared"], want["unique"],
+        ), model
+
+
+def test_each_inputs_revision_and_content_id_are_reported(hub, qwen_bf16):
+    report = read_stats(hub.out)
+    validate_schema(report)
+    revision = {"org/base": hub.sha["org/base"], f"org/agent-a@{hub.old}": hub.old, "org/agent-a": hub.new,
+                "org/agent-b": hub.sha["org/agent-b"]}
+    weights = {"org/base": "base", **hub.labels}
+    identities = {report["base_model"]["model"]: report["base_model"]["identity"]}
+    identities.update({row["model"]: row["identity"] for row in report["agents"]})
+    assert set(identities) == set(revision)
+    assert hub.old != hub.new and re.fullmatch(r"[0-9a-f]{40}", hub.old)
+    for model, identity in identities.items():
+        # the revision is the commit hash; the content id is the served folder's, wherever it lies
+        served = public_identity(qwen_bf16.paths[weights[model]])
+        assert identity == {"content_id": served["content_id"], "revision": revision[model]}, model
+    card = (hub.out / "README.md").read_text(encoding="utf-8")
+    section = card[card.index("## RAM+ statistics") :]
+    for model, identity in identities.items():
+        role = "base" if model == "org/base" else "agent"
+        row = f"| {role} | {model} | revision `{identity['revision']}`, content id `{identity['content_id'][:16]}` |"
+        assert row in section, row
+
+
+RESOLVE = re.compile(r"^/org/[a-z-]+/resolve/([0-9a-f]{40})/(config\.json|model\.safetensors)$")
+API = re.compile(r"^/api/models/org/[a-z-]+(/revision/main|/tree/(main|[0-9a-f]{40}))?$")
+
+
+def test_the_stub_served_the_documented_endpoints_only(hub):
+    """What mergekit 0.1.5 + huggingface_hub asked for (see tests/hub_stub.py's docstring)."""
+    asked = [(method, path.split("?")[0], status) for method, path, status in hub.requests]
+    assert all(status == 200 for *_, status in asked), [a for a in asked if a[2] != 200]
+    for method, path, _ in asked:
+        assert (method == "GET" and API.match(path)) or (method in ("HEAD", "GET") and RESOLVE.match(path)), path
+    # list_repo_files at the pinned commit, then its files by commit hash, never by branch name
+    assert ("GET", f"/api/models/org/agent-a/tree/{hub.old}", 200) in asked
+    assert ("GET", "/api/models/org/agent-a/revision/main", 200) in asked  # snapshot_download resolves main
+    for sha in (hub.old, hub.new):
+        assert ("HEAD", f"/org/agent-a/resolve/{sha}/config.json", 200) in asked
+        for method in ("HEAD", "GET"):  # the weights differ: both downloaded
+            assert (method, f"/org/agent-a/resolve/{sha}/model.safetensors", 200) in asked
+    # both commits' config.json are the same bytes: one GET, the other revision links the cached blob
+    configs = [path for m, path, _ in asked if m == "GET" and re.match(r"^/org/agent-a/.*/config\.json$", path)]
+    assert len(configs) == 1, configs
+    assert not any("/resolve/main/" in path for _, path, _ in asked)
+
+
+# ---------------------------------------------------------------- offline, cache warm
+
+
+def test_offline_hub_ids_fail_although_cached(hub):
+    """mergekit 0.1.5's ModelReference.local_path calls huggingface_hub.list_repo_files before
+    snapshot_download (which would fall back to the cache), so offline a hub id is an error
+    even with its snapshot cached. The message (huggingface_hub 2.4.0):
+    "huggingface_hub.errors.OfflineModeIsEnabled: Cannot reach
+    http://127.0.0.1:PORT/api/models/org/base/tree/main?recursive=true&expand=false: offline
+    mode is enabled. To disable it, please unset the `HF_HUB_OFFLINE` environment variable."""
+    for repo, sha in (("org/base", hub.sha["org/base"]), ("org/agent-a", hub.old), ("org/agent-a", hub.new)):
+        assert (snapshot_folder(hub, repo, sha) / "model.safetensors").is_file()  # the cache is warm
+    assert (hub.home / "hub" / "models--org--agent-a" / "refs" / "main").read_text() == hub.new
+    before = len(hub.stub.requests)
+    config = config_of("org/base", list(hub.labels))
+    done = merge(config, hub.root, "offline-ids", hub_env(hub.stub.url, hub.home, offline=True))
+    assert done.returncode != 0
+    assert "OfflineModeIsEnabled" in done.stderr and "offline mode is enabled" in done.stderr, done.stderr[-3000:]
+    assert re.search(r"Cannot reach \S+/api/models/org/[a-z-]+/tree/", done.stderr), done.stderr[-3000:]
+    assert "list_repo_files" in done.stderr  # mergekit/common.py, local_path
+    assert not (hub.root / "offline-ids").exists()  # nothing written
+    assert len(hub.stub.requests) == before  # and nothing asked
+
+
+def test_offline_snapshot_folders_merge_to_the_same_bits(hub):
+    before = len(hub.stub.requests)
+    folders = {
+        "org/base": snapshot_folder(hub, "org/base", hub.sha["org/base"]),
+        f"org/agent-a@{hub.old}": snapshot_folder(hub, "org/agent-a", hub.old),
+        "org/agent-a": snapshot_folder(hub, "org/agent-a", hub.new),
+        "org/agent-b": snapshot_folder(hub, "org/agent-b", hub.sha["org/agent-b"]),
+    }
+    assert all(f.is_dir() for f in folders.values())
+    agents = [str(folders[m]) for m in hub.labels]
+    done = merge(config_of(str(folders["org/base"]), agents), hub.root, "offline-folders",
+                 hub_env(hub.stub.url, hub.home, offline=True))
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert len(hub.stub.requests) == before
+    out, online = models.load_checkpoint(hub.root / "offline-folders"), models.load_checkpoint(hub.out)
+    assert set(out) == set(online)
+    for name, tensor in online.items():
+        assert torch.equal(out[name], tensor), name
+    # the same revisions and content ids, now under the folders' paths
+    report, first = read_stats(hub.root / "offline-folders"), read_stats(hub.out)
+    assert report["base_model"] == {"model": str(folders["org/base"]), "identity": first["base_model"]["identity"]}
+    assert [(r["model"], r["identity"]) for r in report["agents"]] == [
+        (str(folders[r["model"]]), r["identity"]) for r in first["agents"]
+    ]
+
+
+# ---------------------------------------------------------------- the stub itself
+
+
+def _ask(url: str, method: str, path: str):
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=5)  # direct: no proxy consulted
+    try:
+        conn.request(method, path)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+def test_stub_serves_only_what_it_was_given_and_stops_by_itself(qwen_bf16):
+    import time
+
+    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=1.0) as stub:
+        assert stub.url.startswith("http://127.0.0.1:")
+        sha = stub.shas["org/base"][0]
+        data = (qwen_bf16.paths["base"] / "model.safetensors").read_bytes()
+        status, headers, body = _ask(stub.url, "GET", "/org/base/resolve/main/model.safetensors")
+        assert (status, body, headers["X-Repo-Commit"], int(headers["Content-Length"])) == (200, data, sha, len(data))
+        assert headers["ETag"] == headers["X-Linked-Etag"] == f'"{hashlib.sha256(data).hexdigest()}"'
+        status, headers, body = _ask(stub.url, "HEAD", f"/org/base/resolve/{sha}/config.json")
+        assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0
+        for path, code in (
+            ("/org/base/resolve/main/tokenizer.json", "EntryNotFound"),  # a file it was not given
+            ("/org/base/resolve/" + "0" * 40 + "/config.json", "RevisionNotFound"),
+            ("/org/other/resolve/main/config.json", "RepoNotFound"),
+            ("/api/models/org/base/tree/main/sub", "EntryNotFound"),
+            ("/api/whoami-v2", "RepoNotFound"),
+        ):
+            status, headers, _ = _ask(stub.url, "GET", path)
+            assert (status, headers["X-Error-Code"]) == (404, code), path
+        assert [s for *_, s in stub.requests] == [200, 200, 404, 404, 404, 404, 404]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the lifetime (1 s) runs out: connections are refused
+            try:
+                _ask(stub.url, "GET", "/api/models/org/base")
+            except ConnectionError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the stub still answers after its lifetime")
