@@ -23,7 +23,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -31,7 +30,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as runner  # noqa: E402
+import measure  # noqa: E402
+import report  # noqa: E402
+import workloads  # noqa: E402
+from launcher import tree  # noqa: E402
 
 # (category, substrings of a frame "function (file:line)"); the first rule any frame of a stack matches wins,
 # rules are tried from the top, frames from the leaf up: the most specific frame decides.
@@ -59,11 +61,21 @@ def classify(stack: list[str]) -> str:
     return "other Python: " + stack[-1].split(" (")[0]
 
 
+# The statistics pass's files: the planned tasks as plain data and rho written back (_mergekit/tasks.py), the
+# counting on mergekit's executors (counting.py), their orchestration (pipeline.py). Older profiles still classify:
+# all three were _mergekit/planning.py before, and mergekit_ram/prepass.py before that (the profiles in results/R3).
+STATISTICS_FILES = (
+    *(f"mergekit_ram/_mergekit/{name}.py" for name in ("counting", "tasks", "pipeline", "planning")),
+    "mergekit_ram/prepass.py",
+    "mergekit_ram/statistics.py",
+)
+
+
 def phase(stack: list[str]) -> str:
     joined = ";".join(stack)
     if "_find_and_load" in joined and "run_merge" not in joined:
         return "1 start-up (imports)"
-    if "mergekit_ram/_mergekit/planning.py" in joined or "mergekit_ram/statistics.py" in joined:
+    if any(f in joined for f in STATISTICS_FILES):
         return "3 statistics pass"
     if "graph.py" in joined or "Executor" in joined:
         return "4 merge (executor)"
@@ -90,20 +102,6 @@ class Sampler(threading.Thread):
                 tot.update(proc_numbers(pid, tick))
             self.rows.append({"t_s": round(time.perf_counter() - start, 2), **tot})
             self.stop.wait(self.every)
-
-
-def tree(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
 
 
 def proc_numbers(pid: int, tick: int) -> dict:
@@ -171,8 +169,8 @@ def summarize(speedscope: Path, rate: float, io_rows: list[dict], wall: float) -
             wr = (win[-1].get("write_bytes", 0) - win[0].get("write_bytes", 0)) / dt / 1e9
             anon = max(r.get("RssAnon_kib", 0) for r in win) * 1024 / 1e9
         top = c.most_common(1)[0] if c else ("—", 0)
-        lines.append(f"| {t0:.0f} | {t1:.0f} | {top[0]} ({top[1] / max(hi - lo, 1):.0%}) | {runner._fmt(rd)} | "
-                     f"{runner._fmt(wr)} | {runner._fmt(anon)} |")
+        lines.append(f"| {t0:.0f} | {t1:.0f} | {top[0]} ({top[1] / max(hi - lo, 1):.0%}) | {report.fmt(rd)} | "
+                     f"{report.fmt(wr)} | {report.fmt(anon)} |")
     if io_rows:
         last = io_rows[-1]
         lines += ["", f"Process tree totals (last sample, {last['t_s']} s): read {last.get('read_bytes', 0) / 1e9:.1f} GB "
@@ -187,7 +185,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workload", default="R3")
     p.add_argument("--root")
-    p.add_argument("--method", default="ramplus_cold", choices=[m for m, v in runner.METHODS.items() if v[1]])
+    p.add_argument("--method", default="ramplus_cold", choices=[m for m, v in measure.METHODS.items() if v[1]])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--name", default="profile")
     p.add_argument("--rate", type=float, default=50)
@@ -198,26 +196,20 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     bench_args = argparse.Namespace(root=args.root, scratch=None, cuda=False, drop_cache=args.drop_cache)
-    bench_args.scratch = str(runner.workloads.root_dir(args.root))
-    b = runner.Bench(args.workload, bench_args)
+    bench_args.scratch = str(workloads.root_dir(args.root))
+    b = measure.Bench(args.workload, bench_args)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        out_model = Path(tempfile.mkdtemp(prefix="out-", dir=b.scratch))
-        shutil.rmtree(out_model)
-        cache = b.scratch / "cold-cache"
-        env = {**os.environ, "MERGEKIT_RAM_CACHE": str(cache) if args.method == "ramplus_cold" else "off",
+        out_model = b.output_folder()
+        env = {**os.environ, "MERGEKIT_RAM_CACHE": str(b.cold_cache) if args.method == "ramplus_cold" else "off",
                **dict(kv.split("=", 1) for kv in args.env)}
         if args.method == "ramplus_cold":  # compile the native kernel outside the profile, as run.py does
-            subprocess.run([sys.executable, "-c", "from mergekit_ram import native; native.library()"], env=env,
-                           check=False, capture_output=True)
+            measure.build_native(env)
         merge = b.command(args.method, out_model)
         speedscope = args.out / f"{args.name}.speedscope.json"
         cmd = [spy, "record", "--idle", "--threads", "--nonblocking", "--rate", f"{args.rate:g}", "--format",
                "speedscope", "-o", str(speedscope), *(["--native"] if args.native else []), "--", *merge]
-        if args.drop_cache:
-            b.prepare()
-        else:
-            b.read_inputs()
+        b.prepare()  # the page cache dropped (--drop-cache) or the inputs read into it
         vmstat = subprocess.Popen(["vmstat", "-n", "-t", "1"], stdout=open(args.out / f"{args.name}.vmstat.txt", "w"))  # noqa: SIM115
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -247,9 +239,7 @@ def main(argv=None) -> int:
         print(text)
     finally:
         if args.method == "ramplus_cold":
-            for entry in (b.scratch / "cold-cache").iterdir() if (b.scratch / "cold-cache").is_dir() else []:
-                if entry.name != "native":
-                    shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            measure.clear_statistics(b.cold_cache)
         b.close()
     return 0
 

@@ -25,13 +25,13 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import run as runner  # noqa: E402  (measure, the launcher that reads the child's own peak RSS)
+import measure  # noqa: E402  (the launcher that reads the child's own peak RSS)
 import workloads  # noqa: E402
 
 
 def _git(tree: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else "?"
+    out = measure.git(*args, tree=tree)
+    return "?" if out is None else out
 
 
 def main(argv=None) -> int:
@@ -43,13 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     wl, _ = workloads.get(args.workload, args.root)
-    cfg = {
-        "merge_method": "ramplus",
-        "base_model": str(wl.base),
-        "models": [{"model": str(a)} for a in wl.agents.values()],
-        "parameters": {"epsilon": 1e-5, "r": 0.1, "alpha": 2.0},
-        "dtype": "bfloat16",
-    }
+    cfg = measure.config(wl, "ramplus", measure.RAMPLUS)  # the runner's ramplus config
     exe = str(Path(sys.executable).parent / "mergekit-ram")
     trees = {"baseline": args.baseline.resolve(), "current": HERE.parent}
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,13 +54,12 @@ def main(argv=None) -> int:
             "current": {**os.environ, "MERGEKIT_RAM_CACHE": "off"},
         }
         for name, env in envs.items():  # untimed: each tree's kernel built, the inputs in the page cache
-            subprocess.run([sys.executable, "-c", "from mergekit_ram import native; native.library()"], env=env,
-                           check=True, capture_output=True)
+            measure.build_native(env, check=True)
             subprocess.run([exe, "inspect", str(config), "--quiet"], env=env, check=True, capture_output=True)
         runs: dict[str, list[dict]] = {name: [] for name in envs}
         for _ in range(args.repeats):
             for name, env in envs.items():  # alternating: drift hits both alike
-                result = runner.measure([exe, "inspect", str(config), "--quiet"], env)
+                result = measure.measure([exe, "inspect", str(config), "--quiet"], env)
                 if not result["ok"]:
                     raise SystemExit(f"{name} failed: {result.get('log_tail', '')}")
                 runs[name].append(result)

@@ -1,7 +1,10 @@
-"""Smoke test: benchmarks/run.py end to end on the tiny workload (whole mergekit-yaml processes)."""
+"""The benchmark runner: benchmarks/run.py end to end on the tiny workload (whole mergekit-yaml processes), and
+benchmarks/report.py's tables and targets on hand-written results (no merge run), profile_merge's phases.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+RUN = BENCH / "run.py"
 METHODS = ["help", "task_arithmetic", "ramplus_cold", "ramplus_warm", "ramplus_stats", "io_floor"]
 LABELS = {"help": "mergekit-yaml --help", "task_arithmetic": "| task_arithmetic |", "ramplus_cold": "ramplus cold",
           "ramplus_warm": "ramplus warm", "ramplus_stats": "statistics pass alone", "io_floor": "I/O floor (read"}
@@ -61,6 +65,12 @@ def test_runner_end_to_end_on_tiny(tmp_path):
     else:
         assert (out / "chart.png").stat().st_size > 0
 
+    # --rerender: results.md again from results.json alone (report.py), the same text
+    again = subprocess.run([sys.executable, str(RUN), "--rerender", "--out", str(out)], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "results.md").read_text() == md and json.loads((out / "results.json").read_text()) == report
+
 
 @pytest.mark.skipif(not (Path(sys.executable).parent / "mergekit-yaml").exists(), reason="mergekit-yaml not installed")
 @pytest.mark.skipif(not os.access("/proc/sys/vm/drop_caches", os.W_OK), reason="--drop-cache needs root")
@@ -83,3 +93,215 @@ def test_runner_drop_cache_on_tiny(tmp_path):
     assert "page cache dropped before every run" in md and "drop_caches" in md
     assert "I/O-floor targets (page cache dropped): ramplus r=0 (no pre-pass) ≤ 1.3× I/O floor" in md
     assert "ramplus peak RssAnon ≤ task_arithmetic's" in md
+
+
+# --------------------------------------------------------------------------- #
+# report.py on hand-written results: the tables and targets without running a merge
+# --------------------------------------------------------------------------- #
+def _load(name: str):
+    """A module of benchmarks/, loaded without leaving benchmarks/ on sys.path or its modules in sys.modules:
+    benchmarks/quality has a report.py and a run.py too, which its own tests import by those names."""
+    names = {p.stem for p in BENCH.glob("*.py")}
+    path, saved = list(sys.path), {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = path
+        for n in names:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
+    return module
+
+
+@pytest.fixture(scope="module")
+def report():
+    return _load("report")
+
+
+def _run(wall, rss_kib=1_000_000, anon_kib=500_000, **extra) -> dict:
+    """One measured run as results.json keeps it (the fields report.py reads)."""
+    return {"ok": True, "wall_s": wall, "maxrss_kib": rss_kib, "peak_rss_anon_kib": anon_kib, "rss_samples": 10,
+            "read_gb": 0.1, "others_cpu_s": 0.0, **extra}
+
+
+def _marker(name="hand", agents=2) -> dict:
+    params = {"arch": "qwen2", "hidden_size": 64, "num_layers": 2, "vocab_size": 256, "tie_word_embeddings": False,
+              "densities": [0.03, 0.46, 0.54, 0.25][:agents], "dtype": "bfloat16"}
+    return {"name": name, "params": params, "num_parameters": 130_000, "base": "/nonexistent"}
+
+
+def _workload(report, runs: dict, page_cache="warm (inputs read before every run)", name="hand", agents=2) -> dict:
+    methods = {m: {"label": report.METHODS[m][0], "runs": r, "summary": report.summarize(r)} for m, r in runs.items()}
+    return {"workload": _marker(name, agents), "methods": methods, "page_cache": page_cache}
+
+
+def _hand_runs() -> dict:
+    return {
+        "help": [_run(4.0), _run(5.0), _run(4.1)],
+        "task_arithmetic": [_run(10.0, 2_000_000), _run(12.0, 2_000_000, others_cpu_s=0.5), _run(11.0, 2_000_000)],
+        "ties": [{"ok": False, "returncode": -9, "wall_s": 3.0, "error": "killed by SIGKILL (out of memory?)"}],
+        "ramplus_cold": [_run(9.0, 1_900_000), _run(8.0, 1_900_000), _run(8.5, 1_900_000)],
+        "ramplus_warm": [_run(7.0, 1_900_000), _run(20.0, 1_900_000, others_cpu_s=3.0, disturbed=True),
+                         _run(7.2, 1_900_000)],
+        "io_floor": [_run(2.0), _run(2.0), _run(2.0)],
+    }
+
+
+def test_report_summarize_medians_valid_runs_and_failures(report):
+    s = report.summarize([_run(7.0), _run(20.0, disturbed=True), _run(7.2), _run(30.0, superseded=True),
+                          {**_run(1.0), "priming": True}])
+    assert s["ok"] and s["n"] == 2 and s["wall_s"] == pytest.approx(7.1)
+    assert (s["wall_min_s"], s["wall_max_s"]) == (7.0, 7.2) and s["invalid_left_out"] == 1 and s["invalid_used"] == 0
+    assert s["rss_gb"] == 1_000_000 * 1024 / 1e9 and s["rss_anon_gb"] == 500_000 * 1024 / 1e9 and s["read_gb"] == 0.1
+    # every run disturbed: they count after all, and say so
+    s = report.summarize([_run(5.0, disturbed=True), _run(6.0, cache_hit=False)])
+    assert s["n"] == 2 and s["invalid_used"] == 2 and s["wall_s"] == 5.5
+    # a failure, a timeout, and a run of older results (no RssAnon samples, no bytes read)
+    assert report.summarize([{"ok": False, "error": "exit status 1"}]) == {"ok": False, "error": "exit status 1"}
+    timed = report.summarize([{"ok": False, "timed_out": True, "wall_s": 150.2, "error": "timed out"}])
+    assert timed == {"ok": False, "error": "timed out", "timed_out_s": 150.2}
+    old = report.summarize([{"ok": True, "wall_s": 3.0, "maxrss_kib": 1_000_000}])
+    assert old["rss_anon_gb"] is None and old["read_gb"] is None
+
+
+def test_report_workload_table_and_targets(report):
+    res = _workload(report, _hand_runs())
+    md = report.workload_markdown(res)
+    lines = md.splitlines()
+    assert lines[0] == ("## hand: qwen2, hidden 64, 2 layers, vocab 256, untied, 2 agents (densities 3%, 46%), "
+                        "bfloat16, 0.1M params per model")
+    assert "Page cache: warm (inputs read before every run)." in lines
+    assert ("| method | wall s (median) | peak RSS GB | peak RssAnon GB | read GB | × task_arithmetic | × ram "
+            "| × I/O floor | merge phase s | wall s min–max |") in lines
+    assert "|---|---|---|---|---|---|---|---|---|---|" in lines
+    for row in (
+        "| mergekit-yaml --help (start-up) | 4.10 | 1.02 | 0.51 | 0.1 | — | — | — | — | 4.00–5.00 |",
+        "| task_arithmetic | 11.00 | 2.05 | 0.51 | 0.1 | 1.00× | — | 5.50× | 6.90 | 10.00–12.00 |",
+        "| ties | **failed**: killed by SIGKILL (out of memory?) |" + " — |" * 8,
+        "| ramplus cold | 8.50 | 1.95 | 0.51 | 0.1 | 0.77× | — | 4.25× | 4.40 | 8.00–9.00 |",
+        "| ramplus warm (cache) | 7.10 | 1.95 | 0.51 | 0.1 | 0.65× | — | 3.55× | 3.00 | 7.00–7.20 "
+        "(median of 2; 1 disturbed or cache-miss runs left out) |",
+        "| I/O floor (read all, write one) | 2.00 | 1.02 | 0.51 | 0.1 | 0.18× | — | 1.00× | — | 2.00–2.00 |",
+    ):
+        assert row in lines, row
+    assert ("Targets: cold ≤ 1.2× task_arithmetic: **met** (0.77× wall, 0.64× merge phase); warm ≤ 1.0× "
+            "task_arithmetic: **met** (0.65× wall, 0.43× merge phase); ramplus peak RSS ≤ task_arithmetic's: "
+            "**met** (1.95 vs 2.05 GB).") in lines
+    assert "Noisy (max/min wall over repeats > 1.2): mergekit-yaml --help (start-up) (1.25×)." in lines
+    assert ("Other processes used 3.5 CPU s during the timed runs (most during one ramplus warm (cache) run: "
+            "3.0 s).") in lines
+    assert "I/O-floor targets" not in md  # warm page cache: the disk-bound targets do not apply
+
+    dropped = report.workload_markdown(_workload(report, _hand_runs(), page_cache="dropped before every run"))
+    assert "Page cache: dropped before every run (`sync; echo 3 > /proc/sys/vm/drop_caches`, as root)." in dropped
+    assert ("I/O-floor targets (page cache dropped): ramplus warm (cache) ≤ 1.3× I/O floor: **MISSED** (3.55×); "
+            "ramplus cold ≤ 1.45× I/O floor: **MISSED** (4.25×); ramplus peak RssAnon ≤ task_arithmetic's: **met** "
+            "(0.51 vs 0.51 GB).") in dropped.splitlines()
+
+
+def test_report_targets_variants(report):
+    def s(**walls):
+        return {m: report.summarize([_run(w)]) for m, w in walls.items()}
+
+    assert report.targets(s(ramplus_cold=5.0), 4.0) == "Targets: not evaluated (no task_arithmetic run)."
+    # no warm run: r = 0 stands in; against ties; no start-up row: no merge-phase ratio
+    line = report.targets(s(task_arithmetic=10.0, ramplus_r0=11.0, ramplus_cold=13.0, ties=40.0), None)
+    assert line == ("Targets: cold ≤ 1.2× task_arithmetic: **MISSED** (1.30× wall, — merge phase); warm (r=0 proxy) "
+                    "≤ 1.0× task_arithmetic: **MISSED** (1.10× wall, — merge phase); ramplus peak RSS ≤ "
+                    "task_arithmetic's: **met** (1.02 vs 1.02 GB); ramplus cold ≥ 3× faster than ties: **met** "
+                    "(3.08× wall, — merge phase).")
+    assert report.floor_targets(s(io_floor=2.0)) == "I/O-floor targets (page cache dropped): not evaluated."
+
+
+def test_report_reads_older_results(report):
+    """results.json from before RssAnon sampling and the I/O floor: the table of that time, no new columns."""
+    walls = {"help": 4.0, "task_arithmetic": 8.0}
+    old = {m: [{"ok": True, "wall_s": w, "maxrss_kib": 2_000_000}] for m, w in walls.items()}
+    md = report.workload_markdown({"workload": _marker(), "methods": {
+        m: {"label": report.METHODS[m][0], "runs": r, "summary": report.summarize(r)} for m, r in old.items()}})
+    assert md.splitlines()[2:5] == [
+        "| method | wall s (median) | peak RSS GB | × task_arithmetic | × ram | merge phase s | wall s min–max |",
+        "|---|---|---|---|---|---|---|",
+        "| mergekit-yaml --help (start-up) | 4.00 | 2.05 | — | — | — | 4.00–4.00 |",
+    ]
+    assert "Page cache" not in md
+
+
+def _report_dict(report, workloads: list[dict], scaling=None) -> dict:
+    machine = {"date": "2026-01-02T03:04:05+00:00", "cpu": "Test CPU", "cores": 2, "ram_gb": 8.0, "torch": "2.13.0",
+               "mergekit": "0.1.5", "mergekit-ram": "0.1.0", "git_commit": "0123456789abcdef", "git_dirty": True,
+               "mergekit_ram_sources_sha256": "feedfacefeedface"}
+    methods = list(workloads[0]["methods"])
+    return {"command": "python benchmarks/run.py --workload hand", "argv": [], "repeats": 3, "methods": methods,
+            "scaling": scaling, "no_chart": True, "drop_cache": False, "sample_s": 0.2, "machine": machine,
+            "workloads": workloads, "total_wall_s": 123.4}
+
+
+def test_report_header_and_scaling_fit(report):
+    runs = {"N2": (4.0, 5.0, 4.0), "N3": (4.0, 7.0, 4.5), "N4": (4.0, None, 5.0)}  # task_arithmetic timed out on N4
+    wls = []
+    for i, (name, (start, ta, cold)) in enumerate(runs.items()):
+        ta_runs = [_run(ta)] if ta else [{"ok": False, "timed_out": True, "wall_s": 150.0, "error": "timed out"}]
+        wls.append(_workload(report, {"help": [_run(start)], "task_arithmetic": ta_runs, "ramplus_cold": [_run(cold)]},
+                             name=name, agents=2 + i))
+    rep = _report_dict(report, wls, scaling="agents")
+    header = report.header_markdown(rep).splitlines()
+    assert header[0] == "# mergekit-ram benchmark (2026-01-02T03:04:05+00:00)"
+    assert header[2] == ("Machine: Test CPU, 2 cores, 8.0 GB RAM; torch 2.13.0, mergekit 0.1.5, mergekit-ram 0.1.0; "
+                         "commit 0123456789ab (dirty tree), mergekit_ram sources feedfacefeedface.")
+    assert header[3] == ("Command: `python benchmarks/run.py --workload hand`; 3 repeats, methods round-robin, "
+                         "medians; whole processes, warm page cache; peak RssAnon sampled every 0.2 s over the process "
+                         "tree. Total benchmark wall time 123 s.")
+    md = report.scaling_markdown(rep).splitlines()
+    assert md[:7] == ["## Scaling over agents", "", "| workload | agents N | task_arithmetic s | ramplus cold s |",
+                      "|---|---|---|---|", "| N2 | 2 | 5.00 | 4.00 |", "| N3 | 3 | 7.00 | 4.50 |",
+                      "| N4 | 4 | > 150 | 5.00 |"]
+    assert "- task_arithmetic: a = 1.000 s, b = 2.0000 s per agent, R² = 1.0000" in md
+    assert "- ramplus cold: a = 3.000 s, b = 0.5000 s per agent, R² = 1.0000" in md
+    assert report.fit([1, 2, 3], [2, 4, 7]) == pytest.approx((-2 / 3, 2.5, 1 - (1 / 6) / (114 / 9)))
+
+
+def test_report_write_and_rerender(report, tmp_path):
+    rep = _report_dict(report, [_workload(report, _hand_runs())])
+    report.write(rep, tmp_path)
+    md = (tmp_path / "results.md").read_text()
+    assert md == report.header_markdown(rep) + report.workload_markdown(rep["workloads"][0])
+    assert json.loads((tmp_path / "results.json").read_text()) == rep and not (tmp_path / "chart.png").exists()
+    # --rerender recomputes the summaries from the runs: the same files
+    stale = json.loads((tmp_path / "results.json").read_text())
+    for v in stale["workloads"][0]["methods"].values():
+        v["summary"] = {}
+    (tmp_path / "results.json").write_text(json.dumps(stale))
+    report.rerender(tmp_path)
+    assert (tmp_path / "results.md").read_text() == md
+    assert json.loads((tmp_path / "results.json").read_text()) == rep
+    pytest.importorskip("matplotlib")
+    report.chart(rep, tmp_path / "chart.png")
+    assert (tmp_path / "chart.png").stat().st_size > 0
+
+
+def test_profile_phases_follow_the_statistics_pass_split():
+    """The statistics pass is classed by _mergekit/counting.py, tasks.py and pipeline.py (planning.py and, before it,
+    prepass.py in older profiles); mergekit's own io/tasks.py, under the executor, is the merge."""
+    profile = _load("profile_merge")
+    root = ["<module> (/venv/bin/mergekit-yaml:8)", "run_merge (/venv/site-packages/mergekit/merge.py:60)"]
+    for file in ("_mergekit/counting", "_mergekit/tasks", "_mergekit/pipeline", "_mergekit/planning", "prepass"):
+        stack = [*root, f"prepare (/repo/mergekit_ram/{file}.py:40)", "sum (/venv/torch/_tensor.py:9)"]
+        assert profile.phase(stack) == "3 statistics pass", file
+    merge = [*root, "execute (/venv/site-packages/mergekit/graph.py:300)",
+             "execute (/venv/site-packages/mergekit/io/tasks.py:80)"]
+    assert profile.phase(merge) == "4 merge (executor)"
+    assert profile.phase([*root, "save (/venv/site-packages/mergekit/io/tensor_writer.py:50)"]) == "5 writer"
+    assert profile.classify(merge) == "other Python: execute"
+
+
+def test_runner_help(capsys):
+    """`run.py --help` prints (a bare % in a help text made argparse fail on it)."""
+    run = _load("run")
+    with pytest.raises(SystemExit) as done:
+        run.parse(["--help"])
+    assert done.value.code == 0
+    assert "other CPU use drops below 15%" in " ".join(capsys.readouterr().out.split())
