@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from mergekit_ram import cachedir
+
 LOG = logging.getLogger("mergekit_ram")
 
 SOURCE = Path(__file__).with_name("_native.c")
@@ -219,7 +221,7 @@ def _recipe() -> tuple[str, list[str], Path]:
     digest = hashlib.sha256(
         "\n".join([SOURCE.read_text(), compiler, version, " ".join(flags), platform.machine(), _cpu()]).encode()
     ).hexdigest()[:16]
-    return compiler, flags, _folder() / f"ramkernel-{digest}.so"
+    return compiler, flags, cachedir.native() / f"ramkernel-{digest}.so"
 
 
 def _build(compiler: str, flags: list[str], target: Path) -> bool:
@@ -267,16 +269,6 @@ def _check_private(path: Path, what: str, *, follow: bool = False) -> None:
         problem = "it is not a folder"
     if problem:
         raise UnsafeLocation(f"refusing the {what} {path}: {problem}")
-
-
-def _folder() -> Path:
-    from mergekit_ram import cache
-
-    folder = cache.directory()
-    if folder is None:  # statistics cache off: the compiled kernel still needs a home
-        root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        folder = Path(root) / "mergekit-ram"
-    return folder / "native"
 
 
 def _cpu() -> str:
