@@ -68,13 +68,9 @@ def indexed_files(path: str) -> set[str]:
     found: set[str] = set()
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         try:
-            with open(os.path.join(path, index), encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
+            found.update(files.indexed_weight_files(os.path.join(path, index)))
         except FileNotFoundError:
             continue
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"unreadable index {os.path.join(path, index)}: {error}") from error
-        found.update(str(name) for name in weight_map.values())
     return found
 
 

@@ -1,7 +1,9 @@
-"""Files on disk: safetensors headers (read and checked without loading a tensor) and atomic writes.
+"""Files on disk: safetensors headers (read and checked without loading a tensor), checkpoint indexes
+and atomic writes.
 
 One reader of safetensors headers serves the input checks, the stored-dtype
-checks and the cache's identity of a model folder; one atomic writer serves
+checks and the cache's identity of a model folder; one reader of an index's
+`weight_map` the input checks and the cache; one atomic writer serves
 `ram_stats.json` and the statistics cache.
 """
 
@@ -13,8 +15,8 @@ import os
 import secrets
 import tempfile
 
-# bytes per element of the safetensors dtypes we check sizes for (others: left to safetensors)
-_WIDTHS = {
+#: bytes per element of the safetensors dtypes (sub-byte floats and others: none)
+WIDTHS = {
     "BOOL": 1,
     "U8": 1,
     "I8": 1,
@@ -84,7 +86,7 @@ def check_safetensors(file: str) -> None:
                 raise ValueError
         except (KeyError, TypeError, ValueError):
             raise bad(f"tensor {name}: malformed entry {info!r}") from None
-        width = _WIDTHS.get(dtype)
+        width = WIDTHS.get(dtype)
         if width is None:
             return  # a dtype we do not size (sub-byte floats...): safetensors checks it
         need = math.prod(shape) * width
@@ -100,6 +102,21 @@ def check_safetensors(file: str) -> None:
     if position != data:
         what = "truncated" if position > data else "trailing bytes"
         raise bad(f"the tensors need {position} bytes of data, the file holds {data} ({what})")
+
+
+def indexed_weight_files(index: str) -> list[str]:
+    """The weight files a checkpoint index's `weight_map` names: paths relative to its folder, sorted, each once.
+
+    FileNotFoundError when there is no `index`; ValueError naming it when it is not a readable index.
+    """
+    try:
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        return sorted({str(name) for name in weight_map.values()})
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"input model index {index} is unreadable: {error!r}") from error
 
 
 def write_atomic(path: str, text: str, *, mode: int | None = None, private: bool = True) -> None:

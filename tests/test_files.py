@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 
 import pytest
@@ -38,6 +39,25 @@ def test_check_safetensors_accepts_a_valid_file(tmp_path):
     path = tmp_path / "ok.safetensors"
     save_file({"a": torch.ones(4), "b": torch.zeros(2, 2)}, str(path))
     files.check_safetensors(str(path))
+
+
+def test_indexed_weight_files(tmp_path):
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {"a": "m-2.safetensors", "b": "m-1.safetensors",
+                                                                "c": "m-2.safetensors", "d": "sub/m-3.safetensors"}}))
+    assert files.indexed_weight_files(str(index)) == ["m-1.safetensors", "m-2.safetensors", "sub/m-3.safetensors"]
+    with pytest.raises(FileNotFoundError):
+        files.indexed_weight_files(str(tmp_path / "none.json"))
+
+
+@pytest.mark.parametrize(
+    "text", ['{"weight_map": {"a": "m', "[1, 2]", '{"metadata": {}}', '{"weight_map": ["m"]}', "\xff"]
+)
+def test_an_unreadable_index_is_named(tmp_path, text):
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError, match=re.escape(f"input model index {index} is unreadable")):
+        files.indexed_weight_files(str(index))
 
 
 def test_write_atomic_replaces_and_is_private_by_default(tmp_path):
