@@ -40,15 +40,26 @@ static inline void store_bf16(uint16_t *p, int64_t i, float x) {
 }
 static inline void store_f16(_Float16 *p, int64_t i, float x) { p[i] = (_Float16)x; }
 
-/* Returns 1 when any delta is NaN or Inf (the caller then names the input). */
+/* count_* and diagnose_* return 0; 1 when any delta is NaN or Inf (the caller then names the
+ * input); NO_MEMORY when their scratch cannot be allocated (the caller names its size:
+ * count_scratch, diagnose_scratch). */
+#define NO_MEMORY -1
+
+/* Scratch per call for n agents: one mask byte per entry of a block, and (diagnose_*) one
+ * float32 delta per entry of a block. */
+static size_t mask_bytes(int n) { return (size_t)n * BLOCK; }
+static size_t delta_bytes(int n) { return (size_t)n * BLOCK * sizeof(float); }
+int64_t count_scratch(int n) { return (int64_t)mask_bytes(n); }
+int64_t diagnose_scratch(int n) { return (int64_t)(mask_bytes(n) + delta_bytes(n)); }
+
 #define DEFINE_COUNT(NAME, T)                                                          \
     int count_##NAME(const T *base, const T *const *agents, int n, float eps,          \
                      int64_t len, int64_t *counts) {                                   \
         float b[BLOCK];                                                                \
         uint8_t hits[BLOCK];                                                           \
-        uint8_t *mask = malloc((size_t)n * BLOCK);                                     \
+        uint8_t *mask = malloc(mask_bytes(n));                                         \
         int bad = 0;                                                                   \
-        if (!mask) return -1;                                                          \
+        if (!mask) return NO_MEMORY;                                                   \
         for (int64_t s = 0; s < len; s += BLOCK) {                                     \
             int k = (len - s) < BLOCK ? (int)(len - s) : BLOCK;                        \
             for (int i = 0; i < k; i++) {                                              \
@@ -191,15 +202,15 @@ static void lanes_dot3(const float *x, const float *y, int k, double *out) {
         int32_t kb[BLOCK];                                                             \
         uint8_t hits[BLOCK];                                                           \
         float wa[BLOCK], wb[BLOCK];                                                    \
-        uint8_t *mask = malloc((size_t)n * BLOCK);                                     \
-        float *delta = malloc((size_t)n * BLOCK * sizeof(float));                      \
+        uint8_t *mask = malloc(mask_bytes(n));                                         \
+        float *delta = malloc(delta_bytes(n));                                         \
         int64_t *pint = ints + 4 * n;                                                  \
         double *psum = sums + 2 * n;                                                   \
         int bad = 0;                                                                   \
         if (!mask || !delta) {                                                         \
             free(mask);                                                                \
             free(delta);                                                               \
-            return -1;                                                                 \
+            return NO_MEMORY;                                                          \
         }                                                                              \
         for (int64_t s = 0; s < len; s += BLOCK) {                                     \
             int k = (len - s) < BLOCK ? (int)(len - s) : BLOCK;                        \

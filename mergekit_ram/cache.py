@@ -25,21 +25,16 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mergekit_ram import files
+from mergekit_ram import cachedir, files
 
 LOG = logging.getLogger("mergekit_ram")
 
 FORMAT = 3  # 3: counts with diagnostics (entries of format 2 have another key: recounted)
-_OFF = {"off", "0", "false", "no", "none", ""}
 
 
 def directory() -> Path | None:
-    """The cache folder, or None when caching is off."""
-    value = os.environ.get("MERGEKIT_RAM_CACHE")
-    if value is not None:
-        return None if value.strip().lower() in _OFF else Path(value).expanduser()
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "mergekit-ram"
+    """The cache folder, or None when caching is off (`cachedir` reads the environment)."""
+    return cachedir.statistics()
 
 
 def folder_identity(path: str) -> dict:
@@ -73,13 +68,9 @@ def indexed_files(path: str) -> set[str]:
     found: set[str] = set()
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         try:
-            with open(os.path.join(path, index), encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
+            found.update(files.indexed_weight_files(os.path.join(path, index)))
         except FileNotFoundError:
             continue
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"unreadable index {os.path.join(path, index)}: {error}") from error
-        found.update(str(name) for name in weight_map.values())
     return found
 
 

@@ -1,8 +1,10 @@
-"""Files on disk: safetensors headers (read and checked without loading a tensor) and atomic writes.
+"""Files on disk: safetensors headers (read and checked without loading a tensor), checkpoint indexes
+and atomic writes.
 
-One reader of safetensors headers serves the input checks, the stored-dtype
-checks and the cache's identity of a model folder; one atomic writer serves
-`ram_stats.json` and the statistics cache.
+One reader of safetensors headers serves the stored-dtype checks and the cache's identity of a
+model folder, one check of a safetensors file (safetensors' own) the input checks, one reader of
+an index's `weight_map` the input checks and the cache; one atomic writer serves `ram_stats.json`
+and the statistics cache.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import os
 import secrets
 import tempfile
 
-# bytes per element of the safetensors dtypes we check sizes for (others: left to safetensors)
-_WIDTHS = {
+#: bytes per element of the safetensors dtypes (sub-byte floats and others: none)
+WIDTHS = {
     "BOOL": 1,
     "U8": 1,
     "I8": 1,
@@ -37,6 +39,7 @@ MAX_HEADER = 100_000_000  # safetensors' own limit
 def read_header(path: str) -> tuple[bytes, dict]:
     """The raw header bytes of a safetensors file and the header parsed ({} when it is not a JSON object).
 
+    Reads the header only, checks nothing but its length: `check_safetensors` checks a file.
     Raises ValueError naming the file when the header length is implausible.
     """
     with open(path, "rb") as f:
@@ -52,54 +55,57 @@ def read_header(path: str) -> tuple[bytes, dict]:
 
 
 def check_safetensors(file: str) -> None:
-    """ValueError naming `file` unless its header describes exactly the bytes that follow it."""
+    """ValueError naming `file` and the fix unless safetensors opens it.
 
-    def bad(reason: str) -> ValueError:
-        return ValueError(
-            f"input file {file} is not a valid safetensors file: {reason} (a truncated download? fetch it again)"
-        )
+    `safe_open` reads the header only and checks it against the bytes that follow: its length,
+    JSON, every entry's dtype, shape and offsets, no gap, overlap or trailing byte. Its message is
+    kept; where it names no tensor, the entry whose bytes disagree with its dtype and shape is named.
+    """
+    from safetensors import SafetensorError, safe_open
 
-    size = os.path.getsize(file)
-    with open(file, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise bad(f"{size} bytes, shorter than the 8-byte header length")
-        n = int.from_bytes(head, "little")
-        if n > min(size - 8, MAX_HEADER):
-            raise bad(f"the header claims {n} bytes, the file holds {size - 8} after the length field")
-        raw = f.read(n)
     try:
-        header = json.loads(raw)
-    except ValueError as error:
-        raise bad(f"the header is not JSON ({error})") from error
-    if not isinstance(header, dict):
-        raise bad("the header is not a JSON object")
-    spans = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
-            if not all(isinstance(x, int) and x >= 0 for x in [*shape, begin, end]) or end < begin:
-                raise ValueError
-        except (KeyError, TypeError, ValueError):
-            raise bad(f"tensor {name}: malformed entry {info!r}") from None
-        width = _WIDTHS.get(dtype)
-        if width is None:
-            return  # a dtype we do not size (sub-byte floats...): safetensors checks it
-        need = math.prod(shape) * width
-        if end - begin != need:
-            raise bad(f"tensor {name} ({dtype} {shape}) needs {need} bytes, its offsets span {end - begin}")
-        spans.append((begin, end, name))
-    position = 0
-    for begin, end, name in sorted(spans):
-        if begin != position:
-            raise bad(f"tensor {name} starts at byte {begin} of the data, expected {position} (overlap or gap)")
-        position = end
-    data = size - 8 - n
-    if position != data:
-        what = "truncated" if position > data else "trailing bytes"
-        raise bad(f"the tensors need {position} bytes of data, the file holds {data} ({what})")
+        with safe_open(file, framework="pt"):
+            pass
+    except SafetensorError as error:
+        reason = str(error).removeprefix("Error while deserializing header: ")
+        raise ValueError(
+            f"input file {file} is not a valid safetensors file: {reason}{_misfit(file)} "
+            "(a truncated download? fetch it again)"
+        ) from error
+
+
+def _misfit(file: str) -> str:
+    """'; tensor NAME (DTYPE SHAPE) needs N bytes, its offsets span M' for the first header entry whose
+    bytes disagree with its dtype and shape, else ''."""
+    try:
+        for name, info in read_header(file)[1].items():
+            width = WIDTHS.get(str(info.get("dtype"))) if isinstance(info, dict) else None
+            if width is None:
+                continue  # __metadata__, or a dtype without a byte width
+            (begin, end), shape = info["data_offsets"], list(info["shape"])
+            if not all(isinstance(x, int) for x in [begin, end, *shape]):
+                continue
+            need = math.prod(shape) * width
+            if end - begin != need:
+                return f"; tensor {name} ({info['dtype']} {shape}) needs {need} bytes, its offsets span {end - begin}"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # safetensors' message says what is wrong
+    return ""
+
+
+def indexed_weight_files(index: str) -> list[str]:
+    """The weight files a checkpoint index's `weight_map` names: paths relative to its folder, sorted, each once.
+
+    FileNotFoundError when there is no `index`; ValueError naming it when it is not a readable index.
+    """
+    try:
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+        return sorted({str(name) for name in weight_map.values()})
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"input model index {index} is unreadable: {error!r}") from error
 
 
 def write_atomic(path: str, text: str, *, mode: int | None = None, private: bool = True) -> None:

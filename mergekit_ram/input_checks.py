@@ -3,7 +3,6 @@ and tensors that cannot be merged as floats (each error names the file, model an
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -53,19 +52,15 @@ def check_pickle(file: str) -> None:
 
 def _safetensors_files(path: str) -> list[str]:
     index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(index):
-        try:
-            with open(index, encoding="utf-8") as f:
-                names = sorted(set(json.load(f)["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-            raise ValueError(f"input model index {index} is unreadable: {error!r}") from error
-        files = [os.path.join(path, n) for n in names]
-        missing = [f for f in files if not os.path.isfile(f)]
-        if missing:
-            raise ValueError(f"input model index {index} names missing shard(s): {', '.join(missing)}")
-        return files
-    single = os.path.join(path, "model.safetensors")
-    return [single] if os.path.isfile(single) else []
+    try:
+        shards = [os.path.join(path, name) for name in files.indexed_weight_files(index)]
+    except FileNotFoundError:
+        single = os.path.join(path, "model.safetensors")
+        return [single] if os.path.isfile(single) else []
+    missing = [shard for shard in shards if not os.path.isfile(shard)]
+    if missing:
+        raise ValueError(f"input model index {index} names missing shard(s): {', '.join(missing)}")
+    return shards
 
 
 #: How one model stores one tensor: (dtype, shape) from its safetensors header,
@@ -113,16 +108,13 @@ def _is_float(dtype: str) -> bool:
     return dtype.startswith("F") or dtype == "BF16"
 
 
-_WIDTHS = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2}
-
-
 def warn_stored_dtypes(stored: Mapping[str, str], base_model: str, dtype: str | None, itemsize: int | None) -> None:
     """Masks see tensors as loaded: say so when that hides or inflates updates.
 
     `stored`: model -> safetensors dtype of one tensor; `dtype`/`itemsize`: the config's `dtype:`.
     """
     if itemsize is not None:
-        narrow = [m for m, d in stored.items() if _WIDTHS.get(d, 0) > itemsize]
+        narrow = [m for m, d in stored.items() if _is_float(d) and files.WIDTHS.get(d, 0) > itemsize]
         if narrow:
             LOG.warning(
                 "ramplus: `dtype: %s` rounds the stored weights of %s before masking; "

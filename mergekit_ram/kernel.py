@@ -76,7 +76,7 @@ def count(
     if n == 0 or base.numel() == 0:
         return totals
     if chunk is None and native.supports(base, agents):
-        totals, bad = native.count(base, agents, epsilon)
+        totals, bad = native.count(base, agents, epsilon, tensor_name)
         if bad:
             _raise_non_finite(base, agents, names, tensor_name, base_name)
         return totals
@@ -151,7 +151,7 @@ def diagnose(
     _check_shapes(base, agents, names, tensor_name)
     n, p = len(agents), len(agents) * (len(agents) - 1) // 2
     if chunk is None and n and base.numel() and native.supports(base, agents):
-        ints, sums, bad = native.diagnose(base, agents, epsilon)
+        ints, sums, bad = native.diagnose(base, agents, epsilon, tensor_name)
         if bad:
             _raise_non_finite(base, agents, names, tensor_name, base_name)
         per = ints[: 4 * n].view(n, 4)

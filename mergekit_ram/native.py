@@ -33,11 +33,14 @@ from pathlib import Path
 
 import torch
 
+from mergekit_ram import cachedir
+
 LOG = logging.getLogger("mergekit_ram")
 
 SOURCE = Path(__file__).with_name("_native.c")
 _NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _MIN_SPLIT = 1 << 20  # below this, one thread: splitting costs more than it saves
+_NO_MEMORY = -1  # what count_* and diagnose_* return when their scratch cannot be allocated (_native.c)
 _lock = threading.Lock()
 _lib = None
 _failed: str | None = None
@@ -80,8 +83,8 @@ def library():
     return _lib
 
 
-def count(base: torch.Tensor, agents: Sequence[torch.Tensor], epsilon: float) -> tuple:
-    """(int64 [N, 3] counts, any_non_finite)."""
+def count(base: torch.Tensor, agents: Sequence[torch.Tensor], epsilon: float, tensor_name: str | None = None) -> tuple:
+    """(int64 [N, 3] counts, any_non_finite); MemoryError naming `tensor_name` when the loops get no scratch."""
     lib, name = library(), _NAMES[base.dtype]
     base, agents = _flat(base), [_flat(a) for a in agents]
     pointers = (ctypes.c_void_p * len(agents))(*[a.data_ptr() for a in agents])
@@ -102,11 +105,16 @@ def count(base: torch.Tensor, agents: Sequence[torch.Tensor], epsilon: float) ->
         )
 
     bad = _map(run, len(parts))
+    _allocated(bad, lib.count_scratch(len(agents)), "agent masks", "counting", tensor_name)
     return sum(results[1:], results[0]), any(b != 0 for b in bad)
 
 
-def diagnose(base: torch.Tensor, agents: Sequence[torch.Tensor], epsilon: float) -> tuple:
-    """(int64 [4N + 2P] counts, float64 [2N + 3P] sums, any_non_finite): see `diagnose_*` in _native.c."""
+def diagnose(
+    base: torch.Tensor, agents: Sequence[torch.Tensor], epsilon: float, tensor_name: str | None = None
+) -> tuple:
+    """(int64 [4N + 2P] counts, float64 [2N + 3P] sums, any_non_finite): see `diagnose_*` in _native.c.
+
+    MemoryError naming `tensor_name` when the loops get no scratch."""
     lib, name = library(), _NAMES[base.dtype]
     n, pairs = len(agents), len(agents) * (len(agents) - 1) // 2
     base, agents = _flat(base), [_flat(a) for a in agents]
@@ -130,8 +138,7 @@ def diagnose(base: torch.Tensor, agents: Sequence[torch.Tensor], epsilon: float)
         )
 
     bad = _map(run, len(parts))
-    if any(b < 0 for b in bad):
-        raise MemoryError("mergekit-ram: the native kernel could not allocate its scratch buffers")
+    _allocated(bad, lib.diagnose_scratch(n), "agent masks and deltas", "diagnosing", tensor_name)
     return sum(ints[1:], ints[0]), sum(sums[1:], sums[0]), any(b != 0 for b in bad)
 
 
@@ -161,6 +168,16 @@ def merge(base, agents, lambdas, epsilon: float, out: torch.Tensor) -> bool:
     return any(b != 0 for b in _map(run, len(parts)))
 
 
+def _allocated(codes: list[int], size: int, what: str, doing: str, tensor_name: str | None) -> None:
+    """MemoryError saying what could not be allocated when a call of the loops returned NO_MEMORY
+    (its other codes, 0 and 1 for NaN or Inf, are the caller's)."""
+    if any(code == _NO_MEMORY for code in codes):
+        where = f"tensor {tensor_name}" if tensor_name else "a tensor"
+        raise MemoryError(
+            f"mergekit-ram: the native kernel could not allocate {size} bytes for its {what} while {doing} {where}"
+        )
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
 
@@ -187,6 +204,8 @@ def _declare(lib):
         getattr(lib, f"diagnose_{src}").argtypes = [vp, vp, ctypes.c_int, fl, int64, vp, vp]
         for dst in _NAMES.values():
             getattr(lib, f"merge_{src}_{dst}").argtypes = [vp, vp, ctypes.c_int, vp, fl, int64, vp]
+    for scratch in (lib.count_scratch, lib.diagnose_scratch):
+        scratch.argtypes, scratch.restype = [ctypes.c_int], int64
     return lib
 
 
@@ -219,7 +238,7 @@ def _recipe() -> tuple[str, list[str], Path]:
     digest = hashlib.sha256(
         "\n".join([SOURCE.read_text(), compiler, version, " ".join(flags), platform.machine(), _cpu()]).encode()
     ).hexdigest()[:16]
-    return compiler, flags, _folder() / f"ramkernel-{digest}.so"
+    return compiler, flags, cachedir.native() / f"ramkernel-{digest}.so"
 
 
 def _build(compiler: str, flags: list[str], target: Path) -> bool:
@@ -267,16 +286,6 @@ def _check_private(path: Path, what: str, *, follow: bool = False) -> None:
         problem = "it is not a folder"
     if problem:
         raise UnsafeLocation(f"refusing the {what} {path}: {problem}")
-
-
-def _folder() -> Path:
-    from mergekit_ram import cache
-
-    folder = cache.directory()
-    if folder is None:  # statistics cache off: the compiled kernel still needs a home
-        root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        folder = Path(root) / "mergekit-ram"
-    return folder / "native"
 
 
 def _cpu() -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 
 import pytest
@@ -38,6 +39,77 @@ def test_check_safetensors_accepts_a_valid_file(tmp_path):
     path = tmp_path / "ok.safetensors"
     save_file({"a": torch.ones(4), "b": torch.zeros(2, 2)}, str(path))
     files.check_safetensors(str(path))
+
+
+def _lying(path, **entry):
+    """A valid file, then one header entry of tensor `b` rewritten (same header length, same data)."""
+    save_file({"a": torch.ones(4), "b": torch.zeros(2, 2)}, str(path))
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    header["b"].update(entry)
+    blob = json.dumps(header).encode()
+    path.write_bytes(len(blob).to_bytes(8, "little") + blob + raw[8 + n :])
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:-3]), []),  # truncated data
+        (lambda p: p.write_bytes(p.read_bytes() + b"\0"), []),  # a trailing byte
+        (lambda p: p.write_bytes(b"\0\0"), []),  # shorter than the length field
+        (lambda p: _lying(p, shape=[2, 3]), ["tensor b (F32 [2, 3]) needs 24 bytes, its offsets span 16"]),
+        (lambda p: _lying(p, dtype="F64"), ["tensor b (F64 [2, 2]) needs 32 bytes, its offsets span 16"]),
+    ],
+    ids=["truncated", "trailing", "short", "shape-lies", "dtype-lies"],
+)
+def test_check_safetensors_names_the_file_the_fix_and_safetensors_reason(tmp_path, damage, words):
+    from safetensors import SafetensorError, safe_open
+
+    path = tmp_path / "bad.safetensors"
+    save_file({"a": torch.ones(4), "b": torch.zeros(2, 2)}, str(path))
+    damage(path)
+    with pytest.raises(SafetensorError) as own:
+        safe_open(str(path), framework="pt")
+    with pytest.raises(ValueError) as info:
+        files.check_safetensors(str(path))
+    message = str(info.value)
+    reason = str(own.value).removeprefix("Error while deserializing header: ")
+    for part in [f"input file {path} is not a valid safetensors file: {reason}", "fetch it again", *words]:
+        assert part in message, (part, message)
+    if not words:
+        assert "needs" not in message  # no entry named when every entry fits its bytes
+
+
+def test_check_safetensors_leaves_io_errors_alone(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        files.check_safetensors(str(tmp_path / "missing.safetensors"))
+
+
+def test_a_shape_lie_of_the_same_size_is_no_file_damage(tmp_path):
+    """Neither safetensors nor the old byte count sees it: the shape check against the base does."""
+    path = tmp_path / "same-size.safetensors"
+    _lying(path, shape=[4, 1])
+    files.check_safetensors(str(path))
+
+
+def test_indexed_weight_files(tmp_path):
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {"a": "m-2.safetensors", "b": "m-1.safetensors",
+                                                                "c": "m-2.safetensors", "d": "sub/m-3.safetensors"}}))
+    assert files.indexed_weight_files(str(index)) == ["m-1.safetensors", "m-2.safetensors", "sub/m-3.safetensors"]
+    with pytest.raises(FileNotFoundError):
+        files.indexed_weight_files(str(tmp_path / "none.json"))
+
+
+@pytest.mark.parametrize(
+    "text", ['{"weight_map": {"a": "m', "[1, 2]", '{"metadata": {}}', '{"weight_map": ["m"]}', "\xff"]
+)
+def test_an_unreadable_index_is_named(tmp_path, text):
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError, match=re.escape(f"input model index {index} is unreadable")):
+        files.indexed_weight_files(str(index))
 
 
 def test_write_atomic_replaces_and_is_private_by_default(tmp_path):

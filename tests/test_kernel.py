@@ -333,6 +333,39 @@ def test_overflowing_task_vector_is_rejected():
         kernel.count(base, [agent], EPS, tensor_name="w")
 
 
+@pytest.mark.parametrize("fn, doing, scratch", [("count", "counting", 2048), ("diagnose", "diagnosing", 5 * 2048)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_native_allocation_failure_is_named_and_an_overflow_keeps_its_message(
+    backend, monkeypatch, fn, doing, scratch, dtype
+):
+    """The C loops return NO_MEMORY when malloc fails: a MemoryError naming the bytes and the tensor,
+    not the overflow message (which a failed allocation used to get from `count`)."""
+    from mergekit_ram import native
+
+    if backend != "native":
+        pytest.skip("the native loops' allocation")
+    lib, name = native.library(), native._NAMES[dtype]
+    assert getattr(lib, f"{fn}_scratch")(3) == 3 * scratch  # per agent: a mask byte (and a float32 delta) per entry
+    base, agents, _ = make_case(3, dtype, shape=(10, 9), seed=2)
+    with monkeypatch.context() as m:
+        m.setattr(lib, f"{fn}_{name}", lambda *args: native._NO_MEMORY)
+        with pytest.raises(MemoryError) as info:
+            getattr(kernel, fn)(base, agents, EPS, tensor_name="model.layers.0.mlp.up_proj.weight")
+    message = str(info.value)
+    assert f"could not allocate {3 * scratch} bytes" in message, message
+    assert f"while {doing} tensor model.layers.0.mlp.up_proj.weight" in message, message
+    assert "overflow" not in message
+    with pytest.raises(MemoryError, match="while counting a tensor"), monkeypatch.context() as m:
+        m.setattr(lib, f"count_{name}", lambda *args: native._NO_MEMORY)
+        kernel.count(base, agents, EPS)
+    # a real overflow (finite inputs, an Inf task vector) keeps its own message
+    over = [torch.tensor([-3e38, 0.0]), torch.tensor([3e38, 0.0])] if dtype == torch.float32 else None
+    if over is not None:
+        with pytest.raises(kernel.NonFiniteInputError, match="tensor w: a task vector overflows to Inf"):
+            getattr(kernel, fn)(over[0], [over[1]], EPS, tensor_name="w")
+    assert getattr(kernel, fn)(base, agents, EPS) is not None  # the loops themselves are back
+
+
 def test_shape_mismatch_names_agent_and_tensor():
     base = torch.zeros(4, 3)
     with pytest.raises(ValueError) as info:

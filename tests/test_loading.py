@@ -113,6 +113,9 @@ def test_moe_fast_loading_gives_mergekits_own_tensors(moe, run_yaml, monkeypatch
     from mergekit_ram._mergekit import loading
 
     arch, wl = moe
+    # Install the fast path before the spy replaces convert_checkpoint_tensors: the guard hashes
+    # that function's source, and the spy's would disable fast loading for the whole process.
+    assert loading.install() == ""
     sizes = []
     real = conversion.convert_checkpoint_tensors
 
