@@ -93,7 +93,6 @@ def folder_identity(model: Any, seen: dict[str, dict]) -> dict:
 
 def count(options: Any, tasks: list[Any]) -> list[statistics.TensorCounts]:
     """Count every task on mergekit's executors (buffers are not counted), in planning order."""
-    from mergekit.graph import Executor
     from mergekit.multigpu_executor import MultiGPUExecutor
 
     targets = [CountTask(merge_task=t) for t in tasks]
@@ -103,12 +102,7 @@ def count(options: Any, tasks: list[Any]) -> list[statistics.TensorCounts]:
     elif os.environ.get("MERGEKIT_RAM_STATS_ORDER", "reverse") == "reverse":
         results = run_reversed(targets, options)
     else:
-        executor = Executor(
-            targets=targets,
-            math_device=options.device,
-            storage_device=options.device if options.low_cpu_memory else "cpu",
-        )
-        results = executor.run(quiet=options.quiet, desc="RAM+ statistics")
+        results = _executor(targets, options).run(quiet=options.quiet, desc="RAM+ statistics")
     counted = {value.name: value for _, value in results if value is not None}
     return [counted[t.output_weight.name] for t in tasks if t.output_weight.name in counted]
 
@@ -124,8 +118,6 @@ def run_reversed(targets: list[Any], options: Any) -> Iterator[tuple[Any, Any]]:
     (`MERGEKIT_RAM_STATS_ORDER=forward` counts in the merge's order, in one executor). The progress bar
     is closed however the pass ends, so an error is printed on a line of its own.
     """
-    from mergekit.graph import Executor
-
     keyed = [(t.group_label() or "", t) for t in targets]
     labels = sorted({label for label, _ in keyed})
     size = -(-len(labels) // SLICES)
@@ -138,18 +130,21 @@ def run_reversed(targets: list[Any], options: Any) -> Iterator[tuple[Any, Any]]:
     try:
         for chunk in reversed(slices):
             part = [t for label, t in keyed if label in chunk]
-            executor = Executor(
-                targets=part,
-                math_device=options.device,
-                storage_device=options.device if options.low_cpu_memory else "cpu",
-            )
-            for item in executor.run(quiet=True):
+            for item in _executor(part, options).run(quiet=True):
                 if bar is not None:
                     bar.update(1)
                 yield item
     finally:
         if bar is not None:
             bar.close()
+
+
+def _executor(targets: list[Any], options: Any) -> Any:
+    """mergekit's single-device executor, on the devices `run_merge` would use."""
+    from mergekit.graph import Executor
+
+    storage = options.device if options.low_cpu_memory else "cpu"
+    return Executor(targets=targets, math_device=options.device, storage_device=storage)
 
 
 class CountTask(Task[statistics.TensorCounts | None]):

@@ -50,13 +50,18 @@ def inspect(config: Any, options: Any) -> MergeSession:
 
 
 def _count(current: MergeSession, options: Any) -> None:
-    """Read the inputs, plan them with mergekit, count: what `run_merge` does before merging, then `prepare`."""
+    """Check the input files, plan with mergekit, count (`pipeline.prepare`)."""
+    input_checks.check_input_files(current.config)
+    pipeline.prepare(plan(current.config, options), current)
+
+
+def plan(config: Any, options: Any) -> Any:
+    """A `MergePlanner` of `config`, planned by mergekit alone, as `run_merge` plans before merging
+    (architecture, every model's loader warmed, the output config): nothing of ours runs."""
     from mergekit.architecture import get_architecture_info
     from mergekit.io.tasks import LoaderCache
     from mergekit.plan import MergePlanner
 
-    config = current.config
-    input_checks.check_input_files(config)
     arch_info = get_architecture_info(config, options)
     loaders = LoaderCache()
     loaders.setup(options=options)
@@ -65,4 +70,4 @@ def _count(current: MergeSession, options: Any) -> None:
     out_config = surface.model_out_config(config, arch_info, options)
     planner = MergePlanner(config, arch_info, options=options, out_model_config=out_config)
     surface.plan_as_mergekit(planner)
-    pipeline.prepare(planner, current)
+    return planner
