@@ -13,6 +13,7 @@ from collections.abc import Hashable, Mapping, Sequence
 import torch
 
 from mergekit_ram import kernel, params, statistics
+from mergekit_ram.params import DEFAULTS
 
 StateDict = Mapping[str, torch.Tensor]
 StateDictLike = StateDict | torch.nn.Module
@@ -20,7 +21,7 @@ Agents = Mapping[Hashable, StateDictLike] | Sequence[StateDictLike]
 
 
 def agent_statistics(
-    base: StateDictLike, agents: Agents, *, epsilon: float = 1e-5
+    base: StateDictLike, agents: Agents, *, epsilon: float = DEFAULTS["epsilon"]
 ) -> dict[Hashable, statistics.AgentStats]:
     """Whole-model counts per agent (density, unique, shared, rho)."""
     epsilon = params.check("epsilon", epsilon, label="epsilon")
@@ -49,12 +50,12 @@ def merge_state_dicts(
     base: StateDictLike,
     agents: Agents,
     *,
-    epsilon: float = 1e-5,
-    r: float = 0.1,
-    alpha: float = 2.0,
+    epsilon: float = DEFAULTS["epsilon"],
+    r: float = DEFAULTS["r"],
+    alpha: float = DEFAULTS["alpha"],
     rho: Mapping[Hashable, float] | Sequence[float] | None = None,
-    rho_scope: str = "model",
-    lambda_rule: str = "clip",
+    rho_scope: str = DEFAULTS["rho_scope"],
+    lambda_rule: str = DEFAULTS["lambda_rule"],
     out_dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
     """Merge agents into base with RAM+ (r = 0: plain RAM).

@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from mergekit_ram import versions
+
 PROG = "mergekit-ram"
 #: An agent denser than this is reported as SFT-like (`inspect`).
 DENSE = 0.9
@@ -24,13 +26,8 @@ class _UsageError(Exception):
     """An error worth one line on stderr and exit code 2, not a traceback."""
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("mergekit-ram")
-    except Exception:
-        return "unknown"
+class _InputError(Exception):
+    """An input model that cannot be read or counted: one line on stderr and exit code 1."""
 
 
 # --------------------------------------------------------------------------- #
@@ -74,6 +71,8 @@ def _example_command() -> click.Command:
 def _inspect_command() -> click.Command:
     from mergekit.options import add_merge_options
 
+    from mergekit_ram import params
+
     @click.command(
         "inspect",
         help=(
@@ -90,7 +89,7 @@ def _inspect_command() -> click.Command:
                   help="also draw per-layer heat maps (needs matplotlib)")  # fmt: skip
     @click.option("--r", "r", type=float, help="lambda for this r instead of the config's")
     @click.option("--alpha", type=float, help="lambda for this alpha instead of the config's")
-    @click.option("--lambda-rule", type=click.Choice(["clip", "soft"]), help="lambda rule instead of the config's")
+    @click.option("--lambda-rule", type=click.Choice(params.LAMBDA_RULES), help="lambda rule instead of the config's")
     @click.option("-q", "short_quiet", is_flag=True, help="no progress bar (as --quiet)")
     @add_merge_options
     def inspect(merge_options: Any, short_quiet: bool, **kwargs: Any) -> None:
@@ -118,8 +117,8 @@ def _inspect(
     logging.basicConfig(level=levels.get(options.verbosity, logging.DEBUG), format="%(levelname)s: %(message)s")
     from mergekit.config import MergeConfiguration
 
-    from mergekit_ram import params, report, statistics, tables
-    from mergekit_ram._mergekit import hooks, planning
+    from mergekit_ram import params, report, tables
+    from mergekit_ram._mergekit import inspection
 
     if not config.is_file():
         raise _UsageError(f"no such config file: {config}")
@@ -128,18 +127,14 @@ def _inspect(
             params.check(name, value, label=f"--{name}")
     options.apply_global_options()
     merge_config = MergeConfiguration.model_validate(yaml.safe_load(config.read_text(encoding="utf-8")))
-    hooks.install()  # idempotent: the start-up hook normally did it already
-    done = planning.inspect(merge_config, options)
-    found, stats = done.report, done.stats
-    assert found is not None and stats is not None
-
-    chosen = found["parameters"]
-    overrides: dict[str, Any] = {"r": r, "alpha": alpha, "lambda_rule": lambda_rule}
-    chosen.update({name: value for name, value in overrides.items() if value is not None})
+    try:
+        done = inspection.inspect(merge_config, options)
+    except inspection.InputError as error:
+        raise _InputError(str(error)) from error
+    assert done.report is not None and done.stats is not None
+    found = report.relabel(done.report, r=r, alpha=alpha, lambda_rule=lambda_rule)  # lambda for the flags'
+    chosen, stats = found["parameters"], done.stats
     totals = stats.totals()
-    for row in found["agents"]:
-        rho = totals[row["model"]].rho
-        row["lambda"] = statistics.lambda_for(rho, chosen["r"], chosen["alpha"], chosen["lambda_rule"])
     labels = tables.short_labels(stats.agents)
     print(f"RAM+ statistics of {config} ({found['statistics']}; rho per {chosen['rho_scope']}):")
     print(tables.format_table(totals.values(), chosen["r"], chosen["alpha"], chosen["lambda_rule"], labels))
@@ -199,13 +194,15 @@ class _Commands(click.Group):
     help="Helpers for RAM / RAM+ merging with mergekit (merge_method: ramplus).",
     invoke_without_command=False,
 )
-@click.version_option(_version(), prog_name=PROG, message="%(prog)s %(version)s")
+@click.version_option(versions.installed("mergekit-ram"), prog_name=PROG, message="%(prog)s %(version)s")
 def _group() -> None:
     pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``mergekit-ram``; returns the exit code (0 ok, 2 usage or input error)."""
+    """Run ``mergekit-ram``; returns the exit code: 0 ok, 1 an input model that cannot be read or counted
+    (a damaged or unreadable file, a NaN, a shape or dtype mismatch), 2 a usage error (an option, the
+    config, a missing file named on the command line), 130 interrupted."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         click.echo(_group.get_help(click.Context(_group, info_name=PROG)), err=True)
@@ -222,10 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Abort:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
-    except (_UsageError, OSError, ValueError) as error:
+    except (_InputError, _UsageError, OSError, ValueError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"{PROG} {command}: error: {message}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(error, _InputError) else 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

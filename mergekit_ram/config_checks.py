@@ -9,7 +9,6 @@ import logging
 from typing import Any
 
 from mergekit_ram import params
-from mergekit_ram.method import ramplus
 
 LOG = logging.getLogger("mergekit_ram")
 
@@ -33,8 +32,7 @@ def check_config(config: Any, *, parameters: bool = True) -> None:
 
 
 def _check_parameter_names(config: Any) -> None:
-    shared = {p.name for p in ramplus.spec.shared_parameters}
-    per_model = {p.name for p in ramplus.spec.input_parameters}
+    shared, per_model = set(params.DEFAULTS), set(params.PER_MODEL)  # the method's, as tests/test_params.py checks
     places: list[tuple[str, dict | None, bool]] = [("parameters", config.parameters, True)]
     for i, m in enumerate(config.models or []):
         places.append((f"models[{i}] ({m.model}).parameters", m.parameters, False))

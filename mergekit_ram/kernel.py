@@ -20,6 +20,11 @@ import torch
 
 from mergekit_ram import native
 
+# the scalar formulas (Eqs. 2, 6, RAM+s), offered here beside the tensor math
+from mergekit_ram.formulas import lambda_clip as lambda_clip
+from mergekit_ram.formulas import lambda_soft as lambda_soft
+from mergekit_ram.formulas import rho as rho
+
 CHUNK_CPU = 1 << 18
 CHUNK_ACCELERATOR = 1 << 24
 _FLOAT32_MAX = torch.finfo(torch.float32).max
@@ -32,24 +37,6 @@ class NonFiniteInputError(ValueError):
 def active(delta: torch.Tensor, epsilon: float) -> torch.Tensor:
     """Eq. 1: an entry is active when |tau| > epsilon (strict, absolute)."""
     return delta.abs() > epsilon
-
-
-def rho(shared: int, unique: int) -> float:
-    """Eq. 2: shared / unique entries of one agent; +inf when it has no unique entry."""
-    return shared / unique if unique else math.inf
-
-
-def lambda_clip(rho_t: float, r: float, alpha: float) -> float:
-    """Eq. 6: lambda = 1 + r * clip(rho, 0, alpha). r = 0 is plain RAM."""
-    if r == 0:
-        return 1.0
-    return 1.0 + r * min(max(rho_t, 0.0), alpha)
-
-
-def lambda_soft(rho_t: float, r: float) -> float:
-    """RAM+s (App. E, Eq. 8-9): lambda = 1 + r * rho / (1 + rho), below 1 + r."""
-    share = 1.0 if math.isinf(rho_t) else max(rho_t, 0.0) / (1.0 + max(rho_t, 0.0))
-    return 1.0 + r * share
 
 
 @torch.no_grad()

@@ -1,6 +1,6 @@
 """The `ramplus` merge method: one declarative mergekit definition.
 
-RAM+ with the paper's global rho_t. The statistics pass (`mergekit_ram._mergekit.planning`,
+RAM+ with the paper's global rho_t. The statistics pass (`mergekit_ram._mergekit.pipeline`,
 run from the planner hook in `mergekit_ram._mergekit.hooks`) counts every tensor first and
 fills in `rho` for each agent (over the whole model, or per layer/tensor with
 `rho_scope`); a user may also give `rho` per model. With r = 0 (plain RAM) rho
@@ -12,8 +12,8 @@ depends on it, not the other way round.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any
 
 import torch
 from mergekit.merge_methods import (
@@ -25,7 +25,8 @@ from mergekit.merge_methods import (
 )
 from pydantic import AfterValidator
 
-from mergekit_ram import kernel, params, session, statistics
+from mergekit_ram import kernel, params, session, statistics, versions
+from mergekit_ram.params import DEFAULTS
 
 NAME = "ramplus"
 
@@ -48,11 +49,11 @@ Rho = Annotated[float, _valid("rho")] | None
 )
 def ramplus(
     group: TensorGroup,
-    epsilon: Epsilon = 1e-5,
-    r: R = 0.1,
-    alpha: Alpha = 2.0,
-    rho_scope: Literal["model", "layer", "tensor"] = "model",
-    lambda_rule: Literal["clip", "soft"] = "clip",
+    epsilon: Epsilon = DEFAULTS["epsilon"],
+    r: R = DEFAULTS["r"],
+    alpha: Alpha = DEFAULTS["alpha"],
+    rho_scope: params.Scope = DEFAULTS["rho_scope"],
+    lambda_rule: params.LambdaRule = DEFAULTS["lambda_rule"],
     rho: PerNonBase[Rho] = None,
 ) -> torch.Tensor:
     agents = group.non_base
@@ -78,7 +79,7 @@ def ramplus(
 
 def is_ours(method: Any) -> bool:
     """True for this package's methods, also across a reload of its modules."""
-    return _origin(method) == __name__
+    return origin(method) == __name__
 
 
 def resolves_to_ours(name: str) -> bool:
@@ -94,7 +95,8 @@ def resolves_to_ours(name: str) -> bool:
         return False
 
 
-def _origin(method: Any) -> str:
+def origin(method: Any) -> str:
+    """The module that defines a registered merge method."""
     return str(getattr(getattr(method, "implementation", method), "__module__", "?"))
 
 
@@ -114,7 +116,7 @@ def refuse_foreign(name: str) -> None:
         return  # not registered at all: mergekit's own error names the method
     if is_ours(owner):
         return
-    module = _origin(owner)
+    module = origin(owner)
     raise ValueError(
         f"merge_method '{NAME}' is registered by {module} ({_distribution(module)}), not by mergekit-ram, so "
         f"mergekit would run that package's method under this name. To merge with mergekit-ram's RAM+, install "
@@ -131,20 +133,32 @@ def _distribution(module: str) -> str:
     top = module.split(".")[0]
     try:
         names = metadata.packages_distributions().get(top, [])
-        return ", ".join(f"package {n} {metadata.version(n)}" for n in sorted(set(names))) or f"module {top}"
+        return ", ".join(f"package {n} {versions.installed(n)}" for n in sorted(set(names))) or f"module {top}"
     except Exception:
         return f"module {top}"
 
 
-#: Why the statistics pre-pass is not installed (the seam's guard says so at install time), for the error below.
-prepass_unavailable: str | None = None
+def _not_told() -> str | None:
+    return None
+
+
+#: Says why the statistics pre-pass is unavailable (None: installed, or not tried). The seam owns that
+#: verdict and hands this module the function that tells it (`ask_why_prepass_unavailable`).
+_why_unavailable: Callable[[], str | None] = _not_told
+
+
+def ask_why_prepass_unavailable(reason: Callable[[], str | None]) -> None:
+    """Where the error below learns why the pre-pass is unavailable (the seam calls this when it installs)."""
+    global _why_unavailable
+    _why_unavailable = reason
 
 
 def _missing_rho_message(tensor: str | None, missing: Sequence[str]) -> str:
+    unavailable = _why_unavailable()
     return (
         f"ramplus: no global rho for {', '.join(missing)} (tensor {tensor}). RAM+ needs "
         "rho over the whole model, which only the statistics pre-pass of `mergekit-yaml` "
         "(or mergekit_ram.merge_state_dicts) computes; this entry point merges one tensor "
         "at a time. Set `r: 0` for plain RAM, or give `rho` for every model."
-        + (f" The pre-pass is unavailable: {prepass_unavailable}" if prepass_unavailable else "")
+        + (f" The pre-pass is unavailable: {unavailable}" if unavailable else "")
     )

@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Literal, get_args
 
 #: Largest accepted `r` and `alpha`. The paper's lambda is about 1.2; beyond this,
 #: lambda * tau is no longer a weight update, and lambda itself (or 0 * lambda for an
 #: agent without unique entries) can leave float32's range and turn merged values into
 #: Inf or NaN.
 PARAMETER_MAX = 1000.0
-SCOPES = ("model", "layer", "tensor")
-LAMBDA_RULES = ("clip", "soft")
+#: The choices of `rho_scope` and `lambda_rule`, as the method's types (mergekit validates them) and as tuples.
+Scope = Literal["model", "layer", "tensor"]
+LambdaRule = Literal["clip", "soft"]
+SCOPES: tuple[str, ...] = get_args(Scope)
+LAMBDA_RULES: tuple[str, ...] = get_args(LambdaRule)
 CHOICES = {"rho_scope": SCOPES, "lambda_rule": LAMBDA_RULES}
-DEFAULTS = {"epsilon": 1e-5, "r": 0.1, "alpha": 2.0, "rho_scope": "model", "lambda_rule": "clip"}
+#: The shared parameters and their defaults: the method's signature, the API's and the CLI's take them from here.
+DEFAULTS: dict[str, Any] = {"epsilon": 1e-5, "r": 0.1, "alpha": 2.0, "rho_scope": "model", "lambda_rule": "clip"}
+#: The per-model parameters (no default: counted when not given).
+PER_MODEL = ("rho",)
 #: numbers: (upper bound or None, whether +inf is allowed)
 _RANGES = {"epsilon": (None, False), "r": (PARAMETER_MAX, False), "alpha": (PARAMETER_MAX, False), "rho": (None, True)}
 

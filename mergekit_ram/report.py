@@ -36,8 +36,9 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
+from typing import Any
 
-from mergekit_ram import output_checks, statistics, tables
+from mergekit_ram import output_checks, statistics, tables, versions
 from mergekit_ram.session import Planned
 
 FORMAT = output_checks.STATS_FORMAT
@@ -95,12 +96,7 @@ def build(
         rho = given if given is not None else (s.rho if s is not None else None)
         row["rho"] = _number(rho)
         row["rho_source"] = "given" if given is not None else ("counted" if s is not None else None)
-        if params["r"] == 0:
-            row["lambda"] = 1.0
-        elif rho is not None:
-            row["lambda"] = statistics.lambda_for(rho, params["r"], params["alpha"], params["lambda_rule"])
-        else:
-            row["lambda"] = None
+        row["lambda"] = statistics.lambda_shown(rho, params["r"], params["alpha"], params["lambda_rule"])
         rows.append(row)
     out = {
         "format": FORMAT,
@@ -109,7 +105,7 @@ def build(
         "parameters": params,
         "per_tensor_parameters": varying,
         "statistics": source,
-        "versions": versions(),
+        "versions": _versions(),
         "base_model": {"model": base, "identity": identities.get(base, {})},
         "agents": rows,
     }
@@ -132,20 +128,24 @@ def build(
     return out
 
 
+def relabel(report: dict, **chosen: Any) -> dict:
+    """A copy of `report` whose lambda is for other parameters (`r`, `alpha`, `lambda_rule`; None keeps the
+    report's), from each agent's counted rho (the rho it used where none was counted). `report` is unchanged."""
+    parameters = {**report["parameters"], **{k: v for k, v in chosen.items() if v is not None}}
+    rows = []
+    for row in report["agents"]:
+        rho = _float(row.get("rho_counted", row["rho"]))
+        lam = statistics.lambda_shown(rho, parameters["r"], parameters["alpha"], parameters["lambda_rule"])
+        rows.append({**row, "lambda": lam})
+    return {**report, "parameters": parameters, "agents": rows}
+
+
 def dumps(report: dict) -> str:
     return json.dumps(report, indent=2, allow_nan=False) + "\n"
 
 
-def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("mergekit", "mergekit-ram", "torch"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "unknown"
-    return out
+def _versions() -> dict[str, str]:
+    return {name: versions.installed(name) for name in ("mergekit", "mergekit-ram", "torch")}
 
 
 def public_identity(identity: dict) -> dict:
@@ -278,3 +278,8 @@ def _number(value):
     if value is None:
         return None
     return "inf" if math.isinf(value) else value
+
+
+def _float(value):
+    """The inverse of `_number`."""
+    return math.inf if value == "inf" else value

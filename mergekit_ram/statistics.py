@@ -21,8 +21,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from mergekit_ram import kernel
-from mergekit_ram.params import LAMBDA_RULES, SCOPES
+from mergekit_ram import formulas
+from mergekit_ram.params import DEFAULTS, LAMBDA_RULES, SCOPES
 
 _LAYER = re.compile(r"(^|\.)(layers|h|blocks|block|layer)\.(\d+)\.")
 
@@ -75,19 +75,27 @@ class AgentStats:
 
     @property
     def rho(self) -> float:
-        return kernel.rho(self.shared, self.unique)
+        return formulas.rho(self.shared, self.unique)
 
-    def lambda_(self, r: float, alpha: float, rule: str = "clip") -> float:
+    def lambda_(self, r: float, alpha: float, rule: str = DEFAULTS["lambda_rule"]) -> float:
         return lambda_for(self.rho, r, alpha, rule)
 
 
-def lambda_for(rho: float, r: float, alpha: float, rule: str = "clip") -> float:
+def lambda_for(rho: float, r: float, alpha: float, rule: str = DEFAULTS["lambda_rule"]) -> float:
     """Eq. 6 (`clip`) or RAM+s (`soft`, App. E)."""
     if rule == "clip":
-        return kernel.lambda_clip(rho, r, alpha)
+        return formulas.lambda_clip(rho, r, alpha)
     if rule == "soft":
-        return kernel.lambda_soft(rho, r)
+        return formulas.lambda_soft(rho, r)
     raise ValueError(f"lambda_rule must be one of {LAMBDA_RULES}, got {rule!r}")
+
+
+def lambda_shown(rho: float | None, r: float, alpha: float, rule: str) -> float | None:
+    """lambda as the report, the card and `inspect` show it: 1 for r = 0 (plain RAM, whether or not rho
+    was counted), None without a rho, else `lambda_for`."""
+    if r == 0:
+        return 1.0
+    return None if rho is None else lambda_for(rho, r, alpha, rule)
 
 
 @dataclass(frozen=True)
@@ -135,18 +143,6 @@ class Diagnostics:
             {a: int(v) for a, v in data["single"].items()},
             {a: (float(u), float(s)) for a, (u, s) in data["magnitude"].items()},
             {(a, b): (int(c), int(same), float(d), float(x), float(y)) for a, b, c, same, d, x, y in data["pairs"]},
-        )
-
-    @classmethod
-    def from_kernel(cls, labels: Sequence[str], found: kernel.Diagnosis) -> Diagnostics:
-        ints, sums = found.pair_counts.tolist(), found.pair_sums.tolist()
-        return cls(
-            dict(zip(labels, found.single.tolist(), strict=True)),
-            {a: (u, s) for a, (u, s) in zip(labels, found.magnitude.tolist(), strict=True)},
-            {
-                (labels[i], labels[j]): (c, same, d, x, y)
-                for (i, j), (c, same), (d, x, y) in zip(kernel.pairs(len(labels)), ints, sums, strict=True)
-            },
         )
 
 

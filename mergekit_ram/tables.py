@@ -6,11 +6,16 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from mergekit_ram.params import DEFAULTS
 from mergekit_ram.statistics import AgentStats, PairStats
 
 
 def format_table(
-    stats: Iterable[AgentStats], r: float, alpha: float, rule: str = "clip", labels: Mapping[str, str] | None = None
+    stats: Iterable[AgentStats],
+    r: float,
+    alpha: float,
+    rule: str = DEFAULTS["lambda_rule"],
+    labels: Mapping[str, str] | None = None,
 ) -> str:
     """A plain-text per-agent table in the spirit of the paper's Fig. 2."""
     head = (

@@ -109,10 +109,10 @@ def _run(text: str, out: Path, options: Optional[Dict[str, Any]] = None) -> Merg
     from mergekit.options import MergeOptions
 
     from mergekit_ram import kernel
-    from mergekit_ram._mergekit import planning
+    from mergekit_ram._mergekit import pipeline
 
     record = {"stats": None, "prepass": 0, "count": 0}
-    real_run, real_count, real_diagnose = planning.prepare, kernel.count, kernel.diagnose
+    real_run, real_count, real_diagnose = pipeline.prepare, kernel.count, kernel.diagnose
 
     def spy_run(planner, current):
         record["prepass"] += 1
@@ -131,7 +131,7 @@ def _run(text: str, out: Path, options: Optional[Dict[str, Any]] = None) -> Merg
     opts.update(options or {})
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(planning, "prepare", spy_run)
+        mp.setattr(pipeline, "prepare", spy_run)
         mp.setattr(kernel, "count", spy_count)  # wraps a test's own replacement too
         mp.setattr(kernel, "diagnose", spy_diagnose)
         config = MergeConfiguration.model_validate(yaml.safe_load(text))

@@ -213,3 +213,17 @@ def validate_schema(report: dict, *, counted: bool = True) -> None:
 # ---------------------------------------------------------------- ram_stats.json
 
 
+# ---------------------------------------------------------------- planned tasks
+
+
+def planner_of(text: str, **options):
+    """A MergePlanner of the config `text`, planned by mergekit alone (nothing of ours runs): real planned
+    tasks for the seam's unit tests."""
+    import yaml
+    from mergekit.config import MergeConfiguration
+    from mergekit.options import MergeOptions
+
+    from mergekit_ram._mergekit import inspection
+
+    config = MergeConfiguration.model_validate(yaml.safe_load(text))
+    return inspection.plan(config, MergeOptions(**{"quiet": True, "copy_tokenizer": False, **options}))

@@ -181,6 +181,41 @@ def test_no_base_model_exits_2_with_one_line(qwen_bf16, tmp_path, capsys):
     assert lines[0].startswith("mergekit-ram inspect: error:") and "base_model" in lines[0]
 
 
+def _shape_mismatch(qwen, root: Path) -> Path:
+    sd = dict(qwen.family.agents["B"])
+    sd["model.layers.0.mlp.up_proj.weight"] = sd["model.layers.0.mlp.up_proj.weight"][:16].clone()
+    return models.write_checkpoint(root / "SHAPE", models.make_config("qwen2", False, torch.bfloat16), sd).resolve()
+
+
+def _truncated(qwen, root: Path) -> Path:
+    sd = dict(qwen.family.agents["B"])
+    path = models.write_checkpoint(root / "TRUNCATED", models.make_config("qwen2", False, torch.bfloat16), sd).resolve()
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return path
+
+
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        (lambda qwen, root: Path(qwen.path("NAN")), "model.layers.1.mlp.down_proj.weight"),
+        (_shape_mismatch, "model.layers.0.mlp.up_proj.weight"),
+        (_truncated, "model.safetensors"),
+    ],
+    ids=["nan", "shape", "truncated-file"],
+)
+def test_an_input_that_cannot_be_counted_exits_1_with_one_line(qwen_bf16, tmp_path, capsys, bad, named):
+    """A data error (the inputs, not the command) is exit code 1; usage errors stay 2 (below)."""
+    path = bad(qwen_bf16, tmp_path)
+    text = config_text(qwen_bf16, "A").replace("models:\n", f"models:\n  - model: {path}\n", 1)
+    code, out, err = inspect(capsys, write_config(tmp_path, text), "-q")
+    assert code == 1, err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("mergekit-ram inspect: error:") and named in lines[0] and str(path) in lines[0]
+
+
 def test_missing_config_file_exits_2(tmp_path, capsys):
     code, out, err = inspect(capsys, tmp_path / "nope.yml")
     assert code == 2 and out == ""

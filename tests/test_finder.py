@@ -373,7 +373,7 @@ def test_reimport_after_purge_is_silent_and_adds_no_finder(plan_first):
 
 @pytest.mark.parametrize(
     "first",
-    ["import mergekit_ram.method", "from mergekit_ram import api", "import mergekit_ram._mergekit.planning"],
+    ["import mergekit_ram.method", "from mergekit_ram import api", "import mergekit_ram._mergekit.pipeline"],
 )
 def test_import_orders_end_registered(py, first):
     result, proc = py(

@@ -76,7 +76,8 @@ def test_wheel_ships_pth_at_root_and_the_package(wheel):
         assert "mergekit_ram.pth" in names, sorted(names)  # root of site-packages
         assert archive.read("mergekit_ram.pth").decode() == REPO_PTH.read_text()
         for module in ("__init__", "_mergekit/finder", "method", "_mergekit/hooks", "_mergekit/surface",
-                       "config_checks", "_mergekit/planning", "kernel", "statistics", "api", "session"):
+                       "config_checks", "_mergekit/pipeline", "_mergekit/tasks", "_mergekit/counting",
+                       "_mergekit/inspection", "kernel", "formulas", "statistics", "api", "session", "versions"):
             assert f"mergekit_ram/{module}.py" in names, sorted(names)
         assert not any("__pycache__" in n or n.startswith("tests/") for n in names), sorted(names)
 
@@ -140,7 +141,8 @@ def test_wheel_install_registers_from_its_own_files(wheel, tmp_path):
         r['wrapped'] = getattr(p.MergePlanner._plan, '__mergekit_ram_prepass__', False)
         r['files'] = {{k: sys.modules[k].__file__ for k in
                       ('mergekit_ram', 'mergekit_ram._mergekit.finder', 'mergekit_ram.method',
-                       'mergekit_ram._mergekit.planning')}}
+                       'mergekit_ram._mergekit.pipeline', 'mergekit_ram._mergekit.tasks',
+                       'mergekit_ram._mergekit.counting')}}
         r['finders'] = sum(type(f).__module__ == 'mergekit_ram._mergekit.finder' for f in sys.meta_path)
         print('RESULT ' + json.dumps(r))
         """

@@ -5,7 +5,10 @@
 - every mergekit name the package imports is listed in `surface.NAMES`, so the one guard
   checks every name used; mergekit's private planner attributes are touched in `surface` only;
 - below the seam no module imports the seam (only the entry points `__init__` and `cli` do);
-- no import circle, lazy imports included.
+- no import circle, lazy imports included, and no chain of imports longer than `FLOORS` modules;
+- no module assigns an attribute of a module (or anything else) it imports: a process-wide verdict
+  is written by the module that owns it;
+- our wrappers' marks and what they wrap (`__wrapped__`) are touched in `surface` only.
 """
 
 import ast
@@ -24,6 +27,9 @@ PRIVATE = (
     "mergekit.merge_methods.task_adapter",
 )
 ENTRY_POINTS = {"mergekit_ram", "mergekit_ram.cli"}
+PACKAGES = {"mergekit_ram", "mergekit_ram._mergekit"}
+#: the most modules one chain of imports may pass through (lazy imports included)
+FLOORS = 9
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -87,6 +93,99 @@ def test_no_import_cycles():
     assert not cycles, f"modules on an import circle: {cycles}"
 
 
+def _chains() -> dict[str, tuple[str, ...]]:
+    """module -> the longest chain of imports that starts at it (every import, lazy and type-only ones
+    included; a package's `__init__`, imported before its modules anyway, is no floor of its modules)."""
+    graph = {
+        name: {m for module, names in _imports(tree) for m in _ours(module, names)} - {name} - PACKAGES
+        for name, tree in MODULES.items()
+    }
+    longest: dict[str, tuple[str, ...]] = {}
+
+    def chain(name: str, path: tuple[str, ...]) -> tuple[str, ...]:
+        if name not in longest:
+            assert name not in path, f"import circle: {' -> '.join((*path, name))}"
+            below = [chain(dep, (*path, name)) for dep in sorted(graph[name])]
+            longest[name] = (name, *max(below, key=len, default=()))
+        return longest[name]
+
+    return {name: chain(name, ()) for name in graph}
+
+
+def test_import_chains_have_at_most_FLOORS_modules():
+    """The longest chain of imports, lazy ones included, passes through at most FLOORS modules."""
+    worst = max(_chains().values(), key=len)
+    shown = " -> ".join(m.removeprefix("mergekit_ram.") for m in worst)
+    assert len(worst) <= FLOORS, f"{len(worst)} floors (at most {FLOORS}): {shown}"
+
+
+def test_the_floors_rule_reads_lazy_imports_and_starts_at_the_entry_points():
+    tree = ast.parse("import json\ndef f():\n    from mergekit_ram import kernel\n")
+    assert [(m, n) for m, n in _imports(tree)] == [("json", []), ("mergekit_ram", ["kernel"])]
+    chains = _chains()
+    assert chains["mergekit_ram"][:3] == ("mergekit_ram", "mergekit_ram._mergekit.finder", "mergekit_ram._mergekit.hooks")
+    assert chains["mergekit_ram.cli"][:2] == ("mergekit_ram.cli", "mergekit_ram._mergekit.inspection")
+    assert not any(set(chain[1:]) & PACKAGES for chain in chains.values())
+
+
+def _imported_names(tree: ast.Module) -> set[str]:
+    """The names an import statement binds in `tree` (modules, and objects taken from them)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+def _assigned_attributes_of_imports(tree: ast.Module) -> list[str]:
+    imported = _imported_names(tree)
+    targets = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets.extend(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets.append(node.target)
+    found = []
+    while targets:  # the names bound (`x.y = `, `a, x.y = `), not objects mutated (`x.y[0] = `)
+        target = targets.pop(0)
+        if isinstance(target, (ast.Tuple, ast.List)):
+            targets.extend(target.elts)
+        elif isinstance(target, ast.Starred):
+            targets.append(target.value)
+        elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id in imported:
+            found.append(f"{target.value.id}.{target.attr} (line {target.lineno})")
+    return found
+
+
+def test_no_module_assigns_what_it_imports():
+    """`mod.x = ...` rebinds another module's global behind its back: the owner writes its own state
+    (a verdict through a function of its own, `setattr` patching through `surface.wrap`)."""
+    for name, tree in MODULES.items():
+        assert not _assigned_attributes_of_imports(tree), f"{name} assigns {_assigned_attributes_of_imports(tree)}"
+
+
+def test_the_assignment_rule_sees_what_it_forbids():
+    tree = ast.parse(
+        "from mergekit_ram import method\nimport mergekit.plan as p\nimport sys\n"
+        "method.x = 1\np.y += 1\nz, sys.w = 2, 3\nsys.path[:] = []\nz.q = 4\n"
+    )
+    assert _assigned_attributes_of_imports(tree) == ["method.x (line 4)", "p.y (line 5)", "sys.w (line 6)"]
+
+
+def test_only_surface_marks_or_unwraps_wrappers():
+    for name, tree in MODULES.items():
+        if name == "mergekit_ram._mergekit.surface":
+            continue
+        attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert "__wrapped__" not in attributes, name
+        assert not {s for s in strings if s.startswith("__mergekit_ram_") and s.endswith("__")} - {
+            "__mergekit_ram_finder__"
+        }, name
+
+
 def test_only_the_seam_imports_mergekits_private_modules():
     offenders = [
         (name, module)
@@ -147,8 +246,10 @@ def test_no_module_global_holds_merge_state():
     """Per-merge state lives in `session.MergeSession`: no module rebinds a global at run time."""
     for name, tree in MODULES.items():
         rebinds = [n for n in ast.walk(tree) if isinstance(n, ast.Global)]
-        allowed = {  # process-wide, set once: an install verdict, the compiled kernel and its thread pool
+        allowed = {  # process-wide, set once: install verdicts, the compiled kernel and its thread pool
             "mergekit_ram._mergekit.loading": {"_status"},
+            "mergekit_ram._mergekit.surface": {"_prepass_unavailable"},
+            "mergekit_ram.method": {"_why_unavailable"},  # who to ask for the verdict above (the seam hands it)
             "mergekit_ram.native": {"_lib", "_pool", "_failed"},
         }
         names = {g for n in rebinds for g in n.names}

@@ -61,6 +61,23 @@ def test_defaults_are_valid_and_match_the_method():
         assert params.check(name, value) == value
     declared = {p.name: p.default for p in ramplus.spec.shared_parameters}
     assert {k: declared[k] for k in params.DEFAULTS} == params.DEFAULTS
+    # the names the config checks accept are the method's, shared and per model
+    assert set(declared) == set(params.DEFAULTS)
+    assert {p.name for p in ramplus.spec.input_parameters} == set(params.PER_MODEL)
+
+
+def test_the_api_and_the_cli_take_the_same_defaults_and_choices():
+    import inspect
+
+    from mergekit_ram import api, cli
+
+    for function in (api.merge_state_dicts, api.agent_statistics):
+        given = {k: p.default for k, p in inspect.signature(function).parameters.items() if k in params.DEFAULTS}
+        assert given == {k: params.DEFAULTS[k] for k in given}, function.__name__
+    assert params.SCOPES == ("model", "layer", "tensor") and params.LAMBDA_RULES == ("clip", "soft")
+    command = cli.COMMANDS["inspect"][1]()
+    rule = next(p for p in command.params if p.name == "lambda_rule")
+    assert tuple(rule.type.choices) == params.LAMBDA_RULES
 
 
 def test_unknown_parameter():

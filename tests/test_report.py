@@ -412,3 +412,56 @@ def test_rho_per_model_is_accepted_silently(qwen_bf16, caplog):
     caplog.set_level(logging.WARNING, logger=LOGGER)
     _check(config_text(qwen_bf16, "AB", parameters="r: 0.2\nalpha: 1", model_parameters={"A": "rho: 2", "B": "rho: .inf"}))
     assert not [r for r in caplog.records if r.name == LOGGER], [r.getMessage() for r in caplog.records]
+
+
+# ---------------------------------------------------------------- lambda for other parameters
+
+
+def _report_with(rows, **parameters) -> dict:
+    return {
+        "parameters": {"epsilon": 1e-5, "r": 0.1, "alpha": 2.0, "rho_scope": "model", "lambda_rule": "clip", **parameters},
+        "agents": rows,
+        "tensors": [{"name": "t"}],
+    }
+
+
+def test_relabel_returns_a_copy_with_lambda_for_other_parameters():
+    from mergekit_ram import report
+
+    rows = [
+        {"model": "a", "rho_counted": 1.5, "rho": 1.5, "lambda": 1.15},
+        {"model": "b", "rho_counted": "inf", "rho": "inf", "lambda": 1.2},
+        {"model": "c", "rho_counted": 0.5, "rho": 3.0, "rho_source": "given", "lambda": 1.2},  # given: counted one shown
+        {"model": "d", "rho": None, "lambda": None},  # not counted, none given
+    ]
+    original = _report_with(rows)
+    frozen = yaml.safe_dump(original)
+    found = report.relabel(original, r=0.2, alpha=1.0, lambda_rule=None)
+    assert yaml.safe_dump(original) == frozen  # the published report is untouched
+    assert found["parameters"] == {**original["parameters"], "r": 0.2, "alpha": 1.0}
+    assert [row["lambda"] for row in found["agents"]] == [pytest.approx(1.2), pytest.approx(1.2), pytest.approx(1.1), None]
+    assert [{k: v for k, v in row.items() if k != "lambda"} for row in found["agents"]] == [
+        {k: v for k, v in row.items() if k != "lambda"} for row in rows
+    ]
+    assert found["tensors"] is original["tensors"]  # what no lambda changes is shared, not copied
+    soft = report.relabel(original, r=0.3, lambda_rule="soft")
+    assert soft["agents"][0]["lambda"] == pytest.approx(1 + 0.3 * 1.5 / 2.5) and soft["agents"][1]["lambda"] == 1.3
+    plain = report.relabel(original, r=0.0)
+    assert [row["lambda"] for row in plain["agents"]] == [1.0, 1.0, 1.0, 1.0]  # plain RAM, counted or not
+    same = report.relabel(original)
+    assert same["parameters"] == original["parameters"]
+    assert [row["lambda"] for row in same["agents"]] == [pytest.approx(1.15), pytest.approx(1.2), pytest.approx(1.05), None]
+
+
+def test_the_report_shows_lambda_by_one_rule():
+    from mergekit_ram import statistics
+
+    assert statistics.lambda_shown(None, 0.0, 2.0, "clip") == 1.0  # r = 0: plain RAM needs no rho
+    assert statistics.lambda_shown(None, 0.1, 2.0, "clip") is None
+    assert statistics.lambda_shown(math.inf, 0.1, 2.0, "clip") == pytest.approx(1.2)
+    assert statistics.lambda_shown(1.0, 0.1, 2.0, "soft") == pytest.approx(1.05)
+    for rho in (0.0, 0.7, 5.0, math.inf):
+        for rule in ("clip", "soft"):
+            assert statistics.lambda_shown(rho, 0.1, 2.0, rule) == statistics.lambda_for(rho, 0.1, 2.0, rule)
+            stats = statistics.AgentStats("a", 10, 4, 20)
+            assert stats.lambda_(0.1, 2.0, rule) == statistics.lambda_shown(stats.rho, 0.1, 2.0, rule)

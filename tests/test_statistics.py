@@ -1,5 +1,5 @@
 """Statistics and diagnostics: `kernel.diagnose` against the float64 definitions, the reductions of
-`statistics`, and fixtures whose regime is known (a shared update vs rounding-level noise)."""
+`statistics` (of the kernel's diagnostics as the statistics pass hands them over), and fixtures whose regime is known (a shared update vs rounding-level noise)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 import reference as R
 from mergekit_ram import kernel, native, statistics
+from mergekit_ram._mergekit import counting
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -97,7 +98,7 @@ def _stats(base, agents, eps=1e-5) -> statistics.Statistics:
         tensors.append(
             statistics.TensorCounts(
                 f"t{k}", b.numel(), dict(zip(labels, map(tuple, found.counts.tolist()))), eps,
-                statistics.Diagnostics.from_kernel(labels, found),
+                counting.diagnostics(labels, found),
             )
         )
     return statistics.Statistics(labels, tensors)

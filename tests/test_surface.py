@@ -68,3 +68,63 @@ def test_source_hashes_are_of_mergekits_originals_even_when_diverted():
     for name in surface.NAMES:
         if name.kind == "source":
             assert surface.fingerprint(surface.resolve(name)) == name.sha, name.label
+
+
+def test_wrap_marks_once_and_unwrapped_strips_only_ours():
+    class Owner:
+        def work(self, x):
+            """Mergekit's docstring."""
+            return x + 1
+
+    original = Owner.work
+    made = []
+
+    def make(inner):
+        made.append(inner)
+        return lambda self, x: inner(self, x) * 10
+
+    surface.wrap(Owner, "work", make, surface.HOOKED)
+    surface.wrap(Owner, "work", make, surface.HOOKED)  # idempotent: one wrapper
+    assert made == [original] and Owner().work(1) == 20
+    assert surface.marked(Owner.work, surface.HOOKED) and not surface.marked(Owner.work, surface.DIVERTED)
+    assert Owner.work.__doc__ == "Mergekit's docstring." and Owner.work.__qualname__ == f"mergekit_ram[{original.__qualname__}]"
+    surface.wrap(Owner, "work", lambda inner: lambda self, x: inner(self, x) + 5, surface.DIVERTED)
+    assert Owner().work(1) == 25 and surface.unwrapped(Owner.work) is original
+
+    def foreign(self, x):  # another package's wrapper is not ours to strip
+        return original(self, x)
+
+    assert surface.unwrapped(foreign) is foreign
+
+
+def test_plan_as_mergekit_runs_the_original_plan(monkeypatch):
+    from mergekit.plan import MergePlanner
+
+    calls = []
+
+    class Planner(MergePlanner):
+        def __init__(self):
+            pass
+
+    original = surface.unwrapped(MergePlanner._plan)
+    assert original is not MergePlanner._plan  # ours is installed
+    assert original.__qualname__ == "MergePlanner._plan" and original.__module__ == "mergekit.plan"
+    monkeypatch.setattr(MergePlanner._plan, "__wrapped__", lambda self: calls.append(self))  # mergekit's, recorded
+    planner = Planner()
+    surface.plan_as_mergekit(planner)
+    assert calls == [planner]
+
+
+def test_the_prepass_verdict_is_kept_where_it_is_written(monkeypatch):
+    monkeypatch.setattr(surface, "_prepass_unavailable", None)
+
+    def refuse(needed_for):
+        raise surface.IncompatibleMergekit(f"simulated: {needed_for}")
+
+    monkeypatch.setattr(surface, "check", refuse)
+    with pytest.raises(surface.IncompatibleMergekit):
+        surface.check_prepass()
+    assert surface.unavailable_reason() == "simulated: prepass"
+    monkeypatch.setattr(surface, "check", lambda needed_for: None)
+    surface.check_prepass()
+    assert surface.unavailable_reason() is None

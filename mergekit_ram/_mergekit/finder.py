@@ -31,7 +31,7 @@ def register_methods():
         return  # still being defined (it imports mergekit.merge_methods): its own load hook registers it
     from mergekit.merge_methods import register, registered_methods
 
-    from mergekit_ram.method import is_ours, ramplus
+    from mergekit_ram.method import is_ours, origin, ramplus
 
     taken = {m.spec.name: m for m in registered_methods()}
     owner = taken.get(ramplus.spec.name)
@@ -43,12 +43,8 @@ def register_methods():
             "mergekit-ram: a merge method named %r is already registered (by %s); "
             "mergekit-ram's RAM+ was not registered",
             ramplus.spec.name,
-            _origin(owner),
+            origin(owner),
         )
-
-
-def _origin(method) -> str:
-    return getattr(getattr(method, "implementation", method), "__module__", "?")
 
 
 def install_prepass():

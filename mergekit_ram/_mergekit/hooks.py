@@ -1,12 +1,12 @@
-"""The mergekit functions we wrap, each a thin call into `planning` (other merge methods pass through).
+"""The mergekit functions we wrap, each a thin call into `pipeline` (other merge methods pass through).
 
 - `mergekit.merge.run_merge`: a `ramplus` merge runs as one `MergeSession`
   (made current for this thread or task), checks its input files first, loads
   tensors in linear time (`loading`), and writes `ram_stats.json` last, after
   mergekit's config, card and tokenizer: its presence marks a finished merge,
-  so an interrupted one (killed, disk full) never looks complete;
+  so an interrupted one (killed, disk full) never looks complete (`pipeline.merge`);
 - `MergePlanner._plan`: check the config, let mergekit plan, then run the
-  statistics pass on the planned tasks (`planning.prepare`);
+  statistics pass on the planned tasks (`pipeline.prepare`);
 - `MergePlanner.plan_to_disk`: refuse an output folder inside an input model,
   drop a stale `ram_stats.json` there, and queue the new one;
 - `mergekit.merge.generate_card`: append the "RAM+ statistics" section;
@@ -17,41 +17,37 @@ A `ramplus` merge also ends by removing the weight files an earlier merge left i
 folder (`output_checks`); another method's merge removes only a stale `ram_stats.json` of an
 earlier `ramplus` merge there, and `merge_method: ramplus` owned by another package is refused.
 
-`install` patches only after `surface.check` accepted the installed mergekit;
-otherwise it logs why, and `ramplus` with r > 0 says so when it needs rho.
+`install` patches only after `surface` accepted the installed mergekit (`surface.check_prepass`, which
+keeps the verdict); otherwise it logs why, and `ramplus` with r > 0 says so when it needs rho.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
-from mergekit_ram import config_checks, method, output_checks, report, session
-from mergekit_ram._mergekit import loading, planning, surface
+from mergekit_ram import method, output_checks, report, session
+from mergekit_ram._mergekit import pipeline, surface
 from mergekit_ram.method import resolves_to_ours
 
 LOG = logging.getLogger("mergekit_ram")
-
-_MARK = "__mergekit_ram_prepass__"
 
 
 def install() -> None:
     """Wrap the planner (and, once loaded, mergekit.merge). Idempotent."""
     from mergekit.plan import MergePlanner
 
-    if not getattr(MergePlanner._plan, _MARK, False):
+    method.ask_why_prepass_unavailable(surface.unavailable_reason)
+    if not surface.marked(MergePlanner._plan, surface.HOOKED):
         try:
-            surface.check(surface.PREPASS)
+            surface.check_prepass()
         except surface.IncompatibleMergekit as error:
-            method.prepass_unavailable = str(error)
             LOG.warning("mergekit-ram: global RAM+ pre-pass disabled: %s", error)
             return
         wrap(MergePlanner, "_plan", _plan)
         wrap(MergePlanner, "plan_to_disk", _plan_to_disk)
         round_once(method.ramplus)
-        method.prepass_unavailable = None
     install_merge()
 
 
@@ -61,64 +57,38 @@ def install_merge() -> None:
 
     merge: Any = sys.modules.get("mergekit.merge")  # not imported here: it loads torch and transformers
     run_merge = getattr(merge, "run_merge", None)
-    if run_merge is None or getattr(run_merge, _MARK, False):
+    if run_merge is None or surface.marked(run_merge, surface.HOOKED):
         return  # not loaded, still loading (its load hook calls us again), or done
     try:
         surface.check(surface.MERGE)
     except surface.IncompatibleMergekit as error:
         LOG.warning("mergekit-ram: ram_stats.json written by the planner, no card section, no inspect: %s", error)
         return
+    surface.wrap(merge, "run_merge", _run_merge, surface.HOOKED)
+    if getattr(merge, "generate_card", None) is not None:
+        surface.wrap(merge, "generate_card", _generate_card, surface.HOOKED)
 
+
+def _run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
     def run_merge_wrapper(merge_config: Any, *args: Any, **kwargs: Any) -> Any:
         if not resolves_to_ours(merge_config.merge_method):
             method.refuse_foreign(merge_config.merge_method)  # `ramplus` owned by another package
             output_checks.remove_foreign_statistics(args[0] if args else kwargs.get("out_path"))
             return run_merge(merge_config, *args, **kwargs)
-        return _run_ramplus_merge(run_merge, merge_config, *args, **kwargs)
+        return pipeline.merge(run_merge, merge_config, *args, **kwargs)
 
-    _mark(run_merge_wrapper, run_merge)
-    merge.run_merge = run_merge_wrapper
-    card = getattr(merge, "generate_card", None)
-    if card is not None and not getattr(card, _MARK, False):
-
-        def generate_card(config: Any, *args: Any, **kwargs: Any) -> str:
-            text: str = card(config, *args, **kwargs)
-            current = session.current()
-            if current is None or not current.owns(config) or current.report is None:
-                return text
-            return text.rstrip("\n") + "\n\n" + report.card_section(current.report)
-
-        _mark(generate_card, card)
-        merge.generate_card = generate_card
+    return run_merge_wrapper
 
 
-def _run_ramplus_merge(run_merge: Callable[..., Any], merge_config: Any, *args: Any, **kwargs: Any) -> Any:
-    out_path = args[0] if args else kwargs.get("out_path")
-    options = args[1] if len(args) > 1 else kwargs.get("options")
-    config_source = args[2] if len(args) > 2 else kwargs.get("config_source")
-    merge = session.MergeSession(config=merge_config, in_run_merge=True, fast_loading=True)
-    with session.active(merge):
-        config_checks.check_devices(options)
-        planning.check_inputs(merge_config, card=config_source is None and getattr(options, "write_model_card", False))
-        loading.install()  # linear-time tensor loading, for this merge only (fast_loading)
-        try:
-            before = output_checks.weight_files(out_path)
-            result = run_merge(merge_config, *args, **kwargs)
-            output_checks.remove_stale_weights(out_path, before)
-            for folder, payload in merge.pending:  # last: the marker of a finished merge
-                planning.write_statistics(folder, payload)
-            return result
-        except BaseException as error:
-            if out_path and os.path.isdir(out_path) and merge.pending:
-                LOG.error(
-                    "mergekit-ram: the merge into %s stopped (%s: %s); the folder holds an incomplete model "
-                    "(a finished ramplus merge ends by writing %s)",
-                    out_path,
-                    type(error).__name__,
-                    error,
-                    output_checks.STATS_FILE,
-                )
-            raise
+def _generate_card(card: Callable[..., str]) -> Callable[..., str]:
+    def generate_card(config: Any, *args: Any, **kwargs: Any) -> str:
+        text: str = card(config, *args, **kwargs)
+        current = session.current()
+        if current is None or not current.owns(config) or current.report is None:
+            return text
+        return text.rstrip("\n") + "\n\n" + report.card_section(current.report)
+
+    return generate_card
 
 
 def _session_for(planner: Any) -> session.MergeSession:
@@ -134,9 +104,9 @@ def _plan(original: Callable[[Any], None], planner: Any) -> None:
         return original(planner)
     current = _session_for(planner)
     with session.active(current):
-        planning.check_config(current)
+        pipeline.check_config(current)
         original(planner)
-        planning.prepare(planner, current)
+        pipeline.prepare(planner, current)
 
 
 def _plan_to_disk(original: Callable[[Any, str], list[Any]], planner: Any, out_path: str) -> list[Any]:
@@ -146,10 +116,10 @@ def _plan_to_disk(original: Callable[[Any, str], list[Any]], planner: Any, out_p
     with session.active(current):
         output_checks.check_output(planner.config, out_path)
         output_checks.remove_stale_statistics(out_path)
-        tasks = original(planner, out_path)
+        planned = original(planner, out_path)
         if current.report is not None:
-            planning.queue_statistics(current, tasks, out_path)
-    return tasks
+            pipeline.queue_statistics(current, planned, out_path)
+    return planned
 
 
 def round_once(merge_method: Any) -> None:
@@ -159,31 +129,24 @@ def round_once(merge_method: Any) -> None:
     `out_dtype`: bfloat16 inputs with `out_dtype: float32` would be rounded to bfloat16 first.
     Only this method object's `_execute` is wrapped (an attribute of our own instance).
     """
-    if getattr(merge_method.__dict__.get("_execute"), _MARK, False):
-        return
-    original = merge_method._execute
 
-    def _execute(*args: Any, out_dtype: Any = None, **kwargs: Any) -> Any:
-        with session.writing(out_dtype):
-            return original(*args, out_dtype=out_dtype, **kwargs)
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def _execute(*args: Any, out_dtype: Any = None, **kwargs: Any) -> Any:
+            with session.writing(out_dtype):
+                return original(*args, out_dtype=out_dtype, **kwargs)
 
-    _mark(_execute, original)
-    merge_method._execute = _execute
+        return _execute
+
+    surface.wrap(merge_method, "_execute", make, surface.HOOKED)
 
 
 def wrap(cls: type, name: str, replacement: Callable[..., Any]) -> None:
     """Replace `cls.name` by a call of `replacement(original, self, ...)`, marked as ours."""
-    original = getattr(cls, name)
 
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return replacement(original, self, *args, **kwargs)
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return replacement(original, self, *args, **kwargs)
 
-    _mark(wrapper, original)
-    setattr(cls, name, wrapper)
+        return wrapper
 
-
-def _mark(wrapper: Any, original: Callable[..., Any]) -> None:
-    wrapper.__qualname__ = f"mergekit_ram[{original.__qualname__}]"
-    wrapper.__doc__ = original.__doc__
-    wrapper.__wrapped__ = original
-    setattr(wrapper, _MARK, True)
+    surface.wrap(cls, name, make, surface.HOOKED)

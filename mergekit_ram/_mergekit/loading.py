@@ -32,7 +32,6 @@ from mergekit_ram._mergekit import surface
 
 LOG = logging.getLogger("mergekit_ram")
 
-_MARK = "__mergekit_ram_loading__"
 _status: str | None = None  # None: not tried yet; "" installed; else why not
 #: caches of what a loader's names imply, per mergekit loader object (weak: they go with the loader)
 _plans: weakref.WeakKeyDictionary[Any, tuple[str | None, dict[str, list[str]]]] = weakref.WeakKeyDictionary()
@@ -70,20 +69,16 @@ def _fast() -> bool:
 
 def _divert(cls, name: str, fast) -> None:
     """Route cls.name to `fast` while the current session loads fast; to mergekit's otherwise."""
-    original = getattr(cls, name)
-    if getattr(original, _MARK, False):
-        return
 
-    def method(self, *args, **kwargs):
-        if _fast():
-            return fast(original, self, *args, **kwargs)
-        return original(self, *args, **kwargs)
+    def make(original):
+        def method(self, *args, **kwargs):
+            if _fast():
+                return fast(original, self, *args, **kwargs)
+            return original(self, *args, **kwargs)
 
-    method.__qualname__ = f"mergekit_ram[{original.__qualname__}]"
-    method.__doc__ = original.__doc__
-    method.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(method, _MARK, True)
-    setattr(cls, name, method)
+        return method
+
+    surface.wrap(cls, name, make, surface.DIVERTED)
 
 
 def _get_tensor(original, self, key, device="cpu", aliases=None, raise_on_missing=True):

@@ -8,7 +8,8 @@ and task field, and the source of each function `loading` mirrors) and says
 precisely what changed; `hooks.install` patches nothing the guard rejects.
 
 The private attributes of mergekit's objects are read and written here only
-(`planned`, `replace_planned`), so a new mergekit means reading one module.
+(`planned`, `replace_planned`), and so are our wrappers' marks and what they wrap
+(`wrap`, `unwrapped`), so a new mergekit means reading one module.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from mergekit_ram import versions
 
 SUPPORTED = (0, 1, 5), (0, 2, 0)
 SUPPORTED_TEXT = ">=0.1.5,<0.2"
@@ -140,10 +144,8 @@ def resolve(name: Name) -> Any:
 
 def problems(needed_for: str | None = None) -> list[str]:
     """What is missing or changed in the installed mergekit, one line each (empty: all fine)."""
-    from importlib.metadata import version
-
     found: list[str] = []
-    installed = version("mergekit")
+    installed = versions.installed("mergekit")
     numbers = tuple(int(p) for p in installed.split(".")[:3] if p.isdigit())
     if not (SUPPORTED[0] <= numbers < SUPPORTED[1]):
         found.append(f"mergekit {installed} is installed; mergekit-ram supports mergekit{SUPPORTED_TEXT}")
@@ -178,12 +180,24 @@ def check(needed_for: str) -> None:
         raise IncompatibleMergekit("mergekit changed what mergekit-ram relies on: " + "; ".join(found))
 
 
-def unavailable_reason() -> str | None:
-    """Why the pre-pass could not be installed (`hooks.install` records it where `ramplus` reports it),
-    or None when it is active or not tried yet."""
-    from mergekit_ram import method
+#: The verdict of `check_prepass` (process-wide, written there only): why the pre-pass is not installed.
+_prepass_unavailable: str | None = None
 
-    return method.prepass_unavailable
+
+def check_prepass() -> None:
+    """`check(PREPASS)`, keeping its verdict for `unavailable_reason` (`hooks.install` asks before patching)."""
+    global _prepass_unavailable
+    try:
+        check(PREPASS)
+    except IncompatibleMergekit as error:
+        _prepass_unavailable = str(error)
+        raise
+    _prepass_unavailable = None
+
+
+def unavailable_reason() -> str | None:
+    """Why the pre-pass could not be installed, or None when it is active or not tried yet."""
+    return _prepass_unavailable
 
 
 # --------------------------------------------------------------------------- #
@@ -200,9 +214,44 @@ def replace_planned(planner: Any, index: int, task: Any) -> None:
     planner._tensors[index] = (weight, task)
 
 
-def plan(planner: Any) -> None:
-    """Run the planner's (wrapped) `_plan`: mergekit's planning, then ours."""
-    planner._plan()
+def plan_as_mergekit(planner: Any) -> None:
+    """mergekit's own planning of `planner` (its `_plan` without our wrapper): the tasks are planned, nothing
+    of ours runs (`inspect` checks and counts itself, downhill)."""
+    unwrapped(type(planner)._plan)(planner)
+
+
+# --------------------------------------------------------------------------- #
+# Our wrappers around mergekit's functions: marked, and what they wrap, here only.
+# --------------------------------------------------------------------------- #
+#: the marks of our wrappers: around the planner, run_merge, the card and `_execute` (`hooks`), and
+#: around the two loader functions (`loading`)
+HOOKED = "__mergekit_ram_prepass__"
+DIVERTED = "__mergekit_ram_loading__"
+
+
+def marked(function: Any, mark: str) -> bool:
+    """Whether `function` is our wrapper marked `mark`."""
+    return bool(getattr(function, mark, False))
+
+
+def wrap(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]], mark: str) -> None:
+    """Replace `owner.name` by `make(original)`, marked `mark` and wrapping the original (idempotent)."""
+    original = getattr(owner, name)
+    if marked(original, mark):
+        return
+    wrapper: Any = make(original)
+    wrapper.__qualname__ = f"mergekit_ram[{original.__qualname__}]"
+    wrapper.__doc__ = original.__doc__
+    wrapper.__wrapped__ = original
+    setattr(wrapper, mark, True)
+    setattr(owner, name, wrapper)
+
+
+def unwrapped(function: Any) -> Any:
+    """`function` without our wrappers around it."""
+    while marked(function, HOOKED) or marked(function, DIVERTED):
+        function = function.__wrapped__
+    return function
 
 
 def model_out_config(config: Any, arch_info: Any, options: Any) -> Any:

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from mergekit_ram import config_checks, input_checks, native, report
-from mergekit_ram._mergekit import loading, planning
+from mergekit_ram._mergekit import loading, pipeline
 from reliability.conftest import config_yaml
 
 METHODS = {
@@ -110,14 +110,14 @@ BREAKERS = {
     "planted-library": _planted_library,
     "corrupt-world-writable-cache": _corrupt_cache,
     "cache-path-unusable": _cache_is_a_file,
-    "statistics-pass-raises": lambda m, _t: m.setattr(planning, "prepare", _raises),
+    "statistics-pass-raises": lambda m, _t: m.setattr(pipeline, "prepare", _raises),
     "config-checks-raise": lambda m, _t: (
         m.setattr(config_checks, "check_config", _raises),
         m.setattr(input_checks, "check_input_files", _raises),
     ),
     "fast-loading-raises": lambda m, _t: m.setattr(loading, "install", _raises),
     "card-section-raises": lambda m, _t: m.setattr(report, "card_section", _raises),
-    "stats-writer-raises": lambda m, _t: m.setattr(planning, "write_statistics", _raises),
+    "stats-writer-raises": lambda m, _t: m.setattr(pipeline, "write_statistics", _raises),
 }
 
 

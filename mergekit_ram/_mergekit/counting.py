@@ -1,0 +1,212 @@
+"""The statistics pass on mergekit's own executors, or its counts from the cache.
+
+Every planned `ramplus` tensor is counted with the very same input task its merge task will
+run (dtype, vocabulary alignment, device), the same per-tensor epsilon and the kernel's own
+mask (`CountTask`), on the executor mergekit itself would use: by default slice by slice in
+the reverse of the merge's order (`run_reversed`), in the merge's order with
+`MERGEKIT_RAM_STATS_ORDER=forward`, on every GPU with `--multi-gpu`. The cache key names
+each input folder's identity (read once per pass) and every planned task as plain data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from mergekit.graph import Task
+
+from mergekit_ram import cache, kernel, statistics
+from mergekit_ram._mergekit import tasks as planned_tasks
+
+LOG = logging.getLogger("mergekit_ram")
+
+#: The statistics pass runs in at most this many executors (slices of the merge's order, last slice first).
+SLICES = 64
+
+
+def statistics_of(
+    options: Any, tasks: list[Any], seen: dict[str, dict], *, compute: bool
+) -> tuple[statistics.Statistics | None, str]:
+    """The counts of `tasks` and where they come from: "cache", "computed", or "not computed" (not in
+    the cache, and `compute` is false). `seen`: the input folders' identities, read once."""
+    agents = [str(m) for m in planned_tasks.agents(tasks[0])]
+    digest = cache_key(tasks, seen)
+    entry = cache.load(digest) if digest else None
+    if digest and entry is not None and covers(entry, agents, tasks):
+        LOG.info("ramplus: statistics from cache %s (no tensor read)", digest[:12])
+        return statistics.Statistics.from_json(entry["agents"], entry["tensors"]), "cache"
+    if not compute:
+        return None, "not computed"
+    stats = statistics.Statistics(agents, count(options, tasks))
+    if digest:
+        cache.store(digest, agents, stats.to_json())
+    return stats, "computed"
+
+
+def covers(entry: dict, agents: list[str], tasks: list[Any]) -> bool:
+    """An entry must name these agents and every planned tensor (buffers aside)."""
+    names = {t["name"] for t in entry["tensors"]}
+    planned = {t.output_weight.name for t in tasks}
+    if entry["agents"] == agents and names <= planned:
+        return True
+    LOG.warning("ramplus: statistics cache entry does not match the planned merge; recounting")
+    return False
+
+
+def cache_key(tasks: list[Any], seen: dict[str, dict]) -> str | None:
+    """The cache key of counting `tasks` (None: the cache is off, or an input cannot be identified)."""
+    if cache.directory() is None:
+        return None
+    try:
+        models = {m for t in tasks for m in t.model_order}
+        parts = {
+            "kernel": "active=|tau|>eps; tau in float32 (float64 for float64 inputs)",
+            "models": {str(m): folder_identity(m, seen) for m in sorted(models, key=str)},
+            "tensors": [
+                [
+                    t.output_weight.name,
+                    planned_tasks.plain(t.gather_tensors),
+                    t.parameters["epsilon"],
+                    t.dtype,
+                    [str(m) for m in t.model_order],
+                    str(t.base_model),
+                ]
+                for t in tasks
+            ],
+        }
+        return cache.key(parts)
+    except Exception as error:  # an input we cannot identify is simply not cached
+        LOG.warning("ramplus: statistics cache skipped: %s", error)
+        return None
+
+
+def folder_identity(model: Any, seen: dict[str, dict]) -> dict:
+    """The identity of `model`'s folder (`cache.folder_identity`), read once per statistics pass (`seen`)."""
+    if str(model) not in seen:
+        from mergekit.io.tasks import LoaderCache
+
+        seen[str(model)] = cache.folder_identity(LoaderCache().get(model).index.base_path)
+    return seen[str(model)]
+
+
+def count(options: Any, tasks: list[Any]) -> list[statistics.TensorCounts]:
+    """Count every task on mergekit's executors (buffers are not counted), in planning order."""
+    from mergekit.multigpu_executor import MultiGPUExecutor
+
+    targets = [CountTask(merge_task=t) for t in tasks]
+    if options.multi_gpu:
+        executor = MultiGPUExecutor(targets=targets, storage_device=None if options.low_cpu_memory else "cpu")
+        results = executor.run(quiet=options.quiet)
+    elif os.environ.get("MERGEKIT_RAM_STATS_ORDER", "reverse") == "reverse":
+        results = run_reversed(targets, options)
+    else:
+        results = _executor(targets, options).run(quiet=options.quiet, desc="RAM+ statistics")
+    counted = {value.name: value for _, value in results if value is not None}
+    return [counted[t.output_weight.name] for t in tasks if t.output_weight.name in counted]
+
+
+def run_reversed(targets: list[Any], options: Any) -> Iterator[tuple[Any, Any]]:
+    """Count in the reverse of the order the merge will read, so the merge starts on what is still cached.
+
+    mergekit's executor orders tasks by `group_label()` (the tensor name), so the merge pass reads
+    tensors in that order. When the inputs exceed the page cache, a statistics pass in the same order
+    leaves only its last tensors cached and the merge evicts them before it gets there (a scan defeats
+    LRU): everything is read from disk twice. Counting slice by slice, last slice first, the merge pass
+    starts on the tensors the statistics pass read last. The counts are the same in any order
+    (`MERGEKIT_RAM_STATS_ORDER=forward` counts in the merge's order, in one executor). The progress bar
+    is closed however the pass ends, so an error is printed on a line of its own.
+    """
+    keyed = [(t.group_label() or "", t) for t in targets]
+    labels = sorted({label for label, _ in keyed})
+    size = -(-len(labels) // SLICES)
+    slices = [set(labels[i : i + size]) for i in range(0, len(labels), size)]
+    bar = None
+    if not options.quiet:
+        import tqdm  # type: ignore[import-untyped]  # mergekit's own progress bars
+
+        bar = tqdm.tqdm(total=len(targets), desc="RAM+ statistics")
+    try:
+        for chunk in reversed(slices):
+            part = [t for label, t in keyed if label in chunk]
+            for item in _executor(part, options).run(quiet=True):
+                if bar is not None:
+                    bar.update(1)
+                yield item
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _executor(targets: list[Any], options: Any) -> Any:
+    """mergekit's single-device executor, on the devices `run_merge` would use."""
+    from mergekit.graph import Executor
+
+    storage = options.device if options.low_cpu_memory else "cpu"
+    return Executor(targets=targets, math_device=options.device, storage_device=storage)
+
+
+class CountTask(Task[statistics.TensorCounts | None]):
+    """Counts one planned tensor exactly as its ExecuteMergeMethodTask will see it."""
+
+    merge_task: Any
+
+    def arguments(self):
+        return {"tensors": self.merge_task.gather_tensors}
+
+    def group_label(self) -> str | None:
+        return self.merge_task.group_label()
+
+    def uses_accelerator(self) -> bool:
+        return True
+
+    def execute(self, tensors, **_kwargs) -> statistics.TensorCounts | None:
+        from mergekit.common import dtype_from_name
+        from mergekit.merge_methods import TensorEntry, TensorGroup, TensorMetadata, get
+        from mergekit.merge_methods.dtype import align_dtype
+
+        task = self.merge_task
+        entries = tuple(
+            TensorEntry(id=model, tensor=tensor, is_base=model == task.base_model)
+            for model in task.model_order
+            if (tensor := tensors.get(model)) is not None
+        )
+        name = task.output_weight.name
+        get(task.method_name).validate_inputs([e.id for e in entries], task.base_model, group_name=name)
+        if not all(e.tensor.is_floating_point() for e in entries):
+            return None  # buffers are copied, never merged: not counted
+        group = TensorGroup(entries=entries, metadata=TensorMetadata.from_weight_info(task.output_weight))
+        group.validate_tensors()
+        group = align_dtype(group, dtype_from_name(task.dtype))
+        agents = group.non_base
+        labels = [str(e.id) for e in agents]
+        epsilon = task.parameters["epsilon"]
+        found = kernel.diagnose(
+            group.base.tensor,
+            [e.tensor for e in agents],
+            epsilon,
+            names=labels,
+            tensor_name=name,
+            base_name=str(task.base_model),
+        )
+        return statistics.TensorCounts(
+            name,
+            group.base.tensor.numel(),
+            dict(zip(labels, map(tuple, found.counts.tolist()), strict=True)),
+            epsilon,
+            diagnostics(labels, found),
+        )
+
+
+def diagnostics(labels: Sequence[str], found: kernel.Diagnosis) -> statistics.Diagnostics:
+    """The kernel's diagnostics of one tensor (agents in `labels` order) as `statistics.Diagnostics`."""
+    ints, sums = found.pair_counts.tolist(), found.pair_sums.tolist()
+    return statistics.Diagnostics(
+        dict(zip(labels, found.single.tolist(), strict=True)),
+        {a: (u, s) for a, (u, s) in zip(labels, found.magnitude.tolist(), strict=True)},
+        {
+            (labels[i], labels[j]): (c, same, d, x, y)
+            for (i, j), (c, same), (d, x, y) in zip(kernel.pairs(len(labels)), ints, sums, strict=True)
+        },
+    )

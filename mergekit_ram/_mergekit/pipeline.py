@@ -1,0 +1,172 @@
+"""The `ramplus` pipeline on mergekit's planned tasks: checks, count or cache, inject rho, report, write.
+
+RAM+'s rho_t is a whole-model quantity, but mergekit merges one tensor at a time. Once
+mergekit has planned the tensors, `prepare` turns the planned `ramplus` tasks into plain data
+(`tasks`), checks what the models store, counts every planned tensor or takes the counts from
+the cache (`counting`), hands each merge task its agents' rho and keeps the report in the
+`MergeSession`. `ram_stats.json` is written after the model (`merge`, `queue_statistics`).
+`hooks` calls in here from mergekit's wrapped functions; `inspection` runs `prepare` without
+merging.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from mergekit.graph import Task
+
+from mergekit_ram import config_checks, files, input_checks, output_checks, report, session, tables
+from mergekit_ram._mergekit import counting, loading, tasks
+from mergekit_ram.method import resolves_to_ours
+
+LOG = logging.getLogger("mergekit_ram")
+
+
+def check_config(current: session.MergeSession) -> None:
+    """The config's base and parameters, once per session (an `inspect` of another method's config: its base)."""
+    if not current.config_checked:
+        config_checks.check_config(current.config, parameters=current.check_parameters)
+        current.config_checked = True
+
+
+def check_inputs(config: Any, *, card: bool) -> None:
+    """Input files before mergekit opens them; a config mergekit can write into the card (`card`)."""
+    if card:
+        output_checks.check_config_serialisable(config)
+    input_checks.check_input_files(config)
+
+
+def prepare(planner: Any, current: session.MergeSession) -> None:
+    """Count (or load), reduce to rho per scope, inject into the planned tasks, keep the report in `current`."""
+    found = tasks.planned(planner, resolves_to_ours)
+    if not found:  # nothing to count (inspect says so when it finds no report)
+        return
+    found = tasks.round_once_to_out_dtype(planner, found)
+    planned = [task for _, task in found]
+    headers: dict[str, dict] = {}  # each file's header, read once
+    rows = [tasks.stored_row(task, headers) for task in planned]
+    input_checks.check_stored_tensors(rows)
+    tasks.warn_stored_dtypes(planner.config, rows[0])
+    tied = tasks.tied_copies(planner.out_model_config, planned)
+    planned = [t for t in planned if t.output_weight.name not in tied]  # a tied pair is counted once
+    current.planned = [tasks.summary(task) for task in planned]
+    needs = tasks.needing_rho(planned)
+    merging = current.mode == "merge"
+    seen: dict[str, dict] = {}  # each input folder's identity, read once (cache key and report)
+    counts = counting.statistics_of(planner.options, planned, seen, compute=bool(needs) or not merging)
+    current.stats, current.source = counts
+    if not needs and merging:
+        LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")
+    if current.stats is not None and merging:
+        tasks.inject(planner, found, current.stats, needs, tied)
+    current.report = report.build(
+        current.stats, current.planned, source=current.source, identities=_identities(planned[0], seen), tied=tied
+    )
+    if current.stats is not None and merging:
+        _tell(current, planner.options, quiet_table=not needs)
+
+
+def _identities(task: Any, seen: dict[str, dict]) -> dict[str, dict]:
+    """model -> its public identity (`report.public_identity`); {} for a folder that cannot be read."""
+    out = {}
+    for model in task.model_order:
+        try:
+            out[str(model)] = report.public_identity(counting.folder_identity(model, seen))
+        except Exception:
+            out[str(model)] = {}
+    return out
+
+
+def _tell(current: session.MergeSession, options: Any, *, quiet_table: bool) -> None:
+    """A merge's warnings about agents that add nothing, and its statistics table (stderr unless quiet)."""
+    assert current.stats is not None
+    totals = current.stats.totals()
+    for label, s in totals.items():
+        if s.active == 0:
+            LOG.warning(
+                "ramplus: %s changes no weight by more than epsilon; it is identical to the base "
+                "and adds nothing to the merge",
+                label,
+            )
+    params = current.planned[0].parameters
+    table = tables.format_table(totals.values(), params["r"], params["alpha"], params["lambda_rule"])
+    LOG.info("RAM+ statistics (%s):\n%s", current.source, table)
+    if not options.quiet and not quiet_table:
+        print(f"RAM+ statistics ({current.source}):\n{table}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- #
+# One ramplus run_merge, and ram_stats.json
+# --------------------------------------------------------------------------- #
+def merge(run_merge: Callable[..., Any], merge_config: Any, *args: Any, **kwargs: Any) -> Any:
+    """mergekit's `run_merge` of a `ramplus` config as one `MergeSession`: device flags and input files checked
+    first, tensors loaded in linear time, an earlier merge's stale weights removed, `ram_stats.json` written last."""
+    out_path = args[0] if args else kwargs.get("out_path")
+    options = args[1] if len(args) > 1 else kwargs.get("options")
+    config_source = args[2] if len(args) > 2 else kwargs.get("config_source")
+    current = session.MergeSession(config=merge_config, in_run_merge=True, fast_loading=True)
+    with session.active(current):
+        config_checks.check_devices(options)
+        check_inputs(merge_config, card=config_source is None and getattr(options, "write_model_card", False))
+        loading.install()  # linear-time tensor loading, for this merge only (fast_loading)
+        try:
+            before = output_checks.weight_files(out_path)
+            result = run_merge(merge_config, *args, **kwargs)
+            output_checks.remove_stale_weights(out_path, before)
+            for folder, payload in current.pending:  # last: the marker of a finished merge
+                write_statistics(folder, payload)
+            return result
+        except BaseException as error:
+            if out_path and os.path.isdir(out_path) and current.pending:
+                LOG.error(
+                    "mergekit-ram: the merge into %s stopped (%s: %s); the folder holds an incomplete model "
+                    "(a finished ramplus merge ends by writing %s)",
+                    out_path,
+                    type(error).__name__,
+                    error,
+                    output_checks.STATS_FILE,
+                )
+            raise
+
+
+class WriteStatistics(Task[None]):
+    """Writes ram_stats.json after the model itself has been written (a planner driven without run_merge)."""
+
+    out_path: str
+    payload: str
+    after: Any
+
+    def arguments(self):
+        return {"after": self.after}
+
+    def main_thread_only(self) -> bool:
+        return True
+
+    def execute(self, **_kwargs) -> None:
+        write_statistics(self.out_path, self.payload)
+
+
+def queue_statistics(current: session.MergeSession, planned: list[Any], out_path: str) -> None:
+    """ram_stats.json of `current`, written last: by `run_merge`'s wrapper (`merge`), or as a task after the model
+    (`planned`: the tasks `plan_to_disk` returns)."""
+    assert current.report is not None
+    payload = report.dumps(current.report)
+    if current.in_run_merge:
+        current.pending.append((out_path, payload))
+    else:
+        from mergekit.io.tasks import FinalizeModel
+
+        finalize = next(t for t in planned if isinstance(t, FinalizeModel))
+        planned.append(WriteStatistics(out_path=out_path, payload=payload, after=finalize))
+
+
+def write_statistics(out_path: str, payload: str) -> None:
+    """Write ram_stats.json atomically; a failure names the file and leaves no temp file."""
+    os.makedirs(out_path, exist_ok=True)
+    files.write_atomic(
+        os.path.join(out_path, output_checks.STATS_FILE), payload, private=False
+    )  # readable like mergekit's files

@@ -1,0 +1,204 @@
+"""mergekit's planned `ramplus` tasks as plain data, and rho written back into them.
+
+Once mergekit has planned a merge, its `ExecuteMergeMethodTask`s say everything the statistics
+pass needs: which tensor, which models in which order, the loading task under any vocabulary
+wrappers, the parameters. This module reads them (`planned`, `summary`, `stored_row`,
+`tied_copies`, `plain`) and writes into them (`round_once_to_out_dtype`, `inject`) through
+`surface`, which alone touches the planner's private list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from mergekit_ram import files, input_checks, statistics
+from mergekit_ram._mergekit import surface
+from mergekit_ram.params import DEFAULTS
+from mergekit_ram.session import Planned
+
+#: One stored row of a planned tensor, what `input_checks.check_stored_tensors` reads:
+#: (name, base, whether vocabulary-aligned, model -> (dtype, shape) as stored or None when absent)
+Row = tuple[str, str, bool, dict[str, input_checks.Stored]]
+
+
+def planned(planner: Any, ours: Callable[[str], bool]) -> list[tuple[int, Any]]:
+    """(index in the planner's list, task) of every planned merge task whose method is `ours`."""
+    from mergekit.merge_methods.task_adapter import ExecuteMergeMethodTask, TensorDictWrapper
+
+    found = [
+        (i, task)
+        for i, (_, task) in enumerate(surface.planned(planner))
+        if isinstance(task, ExecuteMergeMethodTask) and ours(task.method_name)
+    ]
+    if any(isinstance(t.gather_tensors, TensorDictWrapper) for _, t in found):
+        raise ValueError("ramplus: raw tensor-dict inputs have no whole-model rho")
+    return found
+
+
+def round_once_to_out_dtype(planner: Any, found: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """Give each planned merge task the dtype it is written in, so the kernel rounds once, to it.
+
+    mergekit plans merge tasks without `out_dtype` and casts when saving: the kernel's float32
+    result would be rounded to the input dtype (bfloat16) first, then widened to float32.
+    """
+    wanted = getattr(planner.config, "out_dtype", None)
+    out = []
+    for index, task in found:
+        dtype = task.output_weight.force_dtype or wanted
+        if dtype and task.out_dtype is None:
+            task = task.model_copy(update={"out_dtype": dtype})
+            surface.replace_planned(planner, index, task)
+        out.append((index, task))
+    return out
+
+
+def tied_copies(out_model_config: Any, tasks: list[Any]) -> dict[str, str]:
+    """Planned tensors the output ties to another planned tensor (`tie_word_embeddings`: an exporter's
+    stored `lm_head` copy of the embeddings): copy -> the tensor it is tied to.
+
+    Such a pair is one set of parameters in the model transformers loads, so it is counted once,
+    whether or not an exporter also stored the copy; the copy is merged and written as mergekit does,
+    with the rho of the tensor it is tied to.
+    """
+    config = out_model_config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not getattr(text, "tie_word_embeddings", False):
+        return {}
+    names = {t.output_weight.name for t in tasks}
+    tied: dict[str, str] = {}
+    for task in tasks:
+        name = task.output_weight.name
+        target = next((n for n in task.output_weight.tied_names or () if n in names and n != name), None)
+        if target is not None and target not in tied:
+            tied[name] = target
+    return tied
+
+
+def summary(task: Any) -> Planned:
+    """One planned tensor as plain data (`session.Planned`)."""
+    names = agents(task)
+    return Planned(
+        name=task.output_weight.name,
+        base=str(task.base_model),
+        agents=tuple(str(m) for m in names),
+        parameters={k: task.parameters[k] for k in DEFAULTS},
+        given_rho={str(m): task.input_parameters[m].get("rho") for m in names},
+    )
+
+
+def agents(task: Any) -> list[Any]:
+    """The task's models other than its base, in its order."""
+    return [m for m in task.model_order if m != task.base_model]
+
+
+def needing_rho(tasks: list[Any]) -> set[Any]:
+    """The agents some task needs a counted rho for (r > 0 and no rho given)."""
+    return {
+        model
+        for task in tasks
+        if task.parameters["r"] != 0
+        for model in agents(task)
+        if task.input_parameters[model].get("rho") is None
+    }
+
+
+def _weight_infos(task: Any) -> dict[Any, Any]:
+    """model -> WeightInfo of the loading task under any wrappers (vocabulary alignment,
+    `--unsafe-truncate-embeddings`: a wrapper's own `weight_info` is one WeightInfo, not a map)."""
+    gather = task.gather_tensors
+    while not hasattr(getattr(gather, "weight_info", None), "items") and hasattr(gather, "gather_tensors"):
+        gather = gather.gather_tensors
+    infos: Any = getattr(gather, "weight_info", None)
+    return dict(infos.items()) if hasattr(infos, "items") else {}
+
+
+def stored_row(task: Any, headers: dict[str, dict]) -> Row:
+    """What `input_checks.check_stored_tensors` needs of one task, from the models' indexes and headers
+    (`headers`: each file's header, read once)."""
+    from mergekit.io.tasks import GatherTensors, LoaderCache
+
+    stored = {
+        str(model): _stored(LoaderCache().get(model).index, weight, headers)
+        for model, weight in _weight_infos(task).items()
+    }
+    weight = task.output_weight
+    vocabulary = (
+        not isinstance(task.gather_tensors, GatherTensors)
+        or bool(getattr(weight, "is_embed", False))
+        or getattr(weight, "vocabulary_axis", None) is not None
+    )
+    return weight.name, str(task.base_model), vocabulary, stored
+
+
+def _stored(index: Any, weight: Any, headers: dict[str, dict]) -> input_checks.Stored:
+    """(dtype, shape) of a weight as stored (None, None outside safetensors); None when absent."""
+    for name in [weight.name, *(weight.aliases or ())]:
+        path = index.tensor_paths.get(name)
+        if path is None:
+            continue
+        path = path if os.path.isabs(path) else os.path.join(index.base_path, path)
+        if not path.endswith(".safetensors"):
+            return None, None
+        if path not in headers:
+            try:
+                headers[path] = files.read_header(path)[1]
+            except (OSError, ValueError):
+                headers[path] = {}
+        info = headers[path].get(name)
+        return (info["dtype"], list(info["shape"])) if isinstance(info, dict) else (None, None)
+    return None
+
+
+def warn_stored_dtypes(config: Any, row: Row) -> None:
+    """The dtype warnings, from the stored dtypes of one planned tensor (`stored_row`: headers read once)."""
+    from mergekit.common import dtype_from_name
+
+    _, base, _, found = row
+    stored = {model: entry[0] for model, entry in found.items() if entry is not None and entry[0] is not None}
+    wanted = dtype_from_name(config.dtype)
+    input_checks.warn_stored_dtypes(stored, base, config.dtype, wanted.itemsize if wanted is not None else None)
+
+
+def plain(value: Any) -> Any:
+    """A task as JSON-able data, without the device (it does not change counts): the cache key's material."""
+    from mergekit.common import ImmutableMap
+    from pydantic import BaseModel
+
+    if isinstance(value, BaseModel):
+        if type(value).__str__ is not BaseModel.__str__:
+            return str(value)  # ModelReference and friends print their identity
+        return {type(value).__name__: {k: plain(getattr(value, k)) for k in type(value).model_fields if k != "device"}}
+    if isinstance(value, (ImmutableMap, dict)):
+        return sorted([[plain(k), plain(v)] for k, v in value.items()], key=lambda kv: json.dumps(kv, default=str))
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def inject(
+    planner: Any, found: list[tuple[int, Any]], stats: statistics.Statistics, needs: set[Any], tied: dict[str, str]
+) -> None:
+    """Write each agent's counted rho into the planned merge tasks, for the agents in `needs` that were given
+    none (a tied copy takes the rho of the tensor it is tied to; a buffer, never merged, takes none)."""
+    from mergekit.common import ImmutableMap
+
+    by_scope: dict[str, dict[str, dict[str, float]]] = {}
+    for index, task in found:
+        scope = task.parameters["rho_scope"]
+        if scope not in by_scope:
+            by_scope[scope] = stats.rho(scope)
+        name = tied.get(task.output_weight.name, task.output_weight.name)  # a tied copy: its target's rho
+        rhos = by_scope[scope].get(statistics.scope_group(name, scope))
+        if rhos is None:
+            continue  # a buffer: copied, never merged
+        inputs = {}
+        for model, params in task.input_parameters.items():
+            if model in needs and params.get("rho") is None:
+                params = ImmutableMap(data={**dict(params.items()), "rho": rhos[str(model)]})
+            inputs[model] = params
+        surface.replace_planned(planner, index, task.model_copy(update={"input_parameters": ImmutableMap(data=inputs)}))
