@@ -8,6 +8,9 @@ Both are built from the same report dict, so the card, the JSON and
   tensors (mergekit filters or gradients) to its distinct values.
 - `statistics`: "computed", "cache" or "not computed" (r = 0 / rho given).
 - `versions`: mergekit, mergekit-ram, torch.
+- `merge` (format_version 3): how the merge was run, for `mergekit-ram verify`: `entry_point`
+  ("run_merge": mergekit-yaml, mergekit-multi or the Python API, whose config is the folder's
+  `mergekit_config.yml`), and what that entry point adds.
 - `base_model`, `agents[]`: `model` and `identity` (`revision` for hub
   snapshots; `content_id` = sha256 over each file's name, size, safetensors
   header (tensor names, dtypes, shapes, offsets) and sixteen evenly spaced
@@ -42,7 +45,7 @@ from mergekit_ram import output_checks, statistics, tables, versions
 from mergekit_ram.session import Planned
 
 FORMAT = output_checks.STATS_FORMAT
-FORMAT_VERSION = 2  # 2: diagnostics (per agent and `pairs`) added
+FORMAT_VERSION = 3  # 2: diagnostics (per agent and `pairs`) added; 3: the `merge` record
 PROJECT_URL = "https://pypi.org/project/mergekit-ram/"
 
 
@@ -53,9 +56,10 @@ def build(
     source: str,
     identities: dict[str, dict],
     tied: dict[str, str] | None = None,
+    record: dict[str, Any] | None = None,
 ) -> dict:
     """The report of one planned ramplus merge (`planned`: its counted tensors, in planning order;
-    `tied`: tensors counted once with the tensor they are tied to)."""
+    `tied`: tensors counted once with the tensor they are tied to; `record`: how the merge was run)."""
     first = planned[0]
     params = dict(first.parameters)  # every ramplus parameter, in params.DEFAULTS order
     varying = {
@@ -106,6 +110,7 @@ def build(
         "per_tensor_parameters": varying,
         "statistics": source,
         "versions": _versions(),
+        "merge": dict(record or {"entry_point": "run_merge"}),
         "base_model": {"model": base, "identity": identities.get(base, {})},
         "agents": rows,
     }

@@ -56,6 +56,9 @@ class MergeSession:
     in_run_merge: bool = False
     #: load tensors through `_mergekit.loading`'s linear-time paths (run_merge and inspect)
     fast_loading: bool = False
+    #: how the merge was run, as `ram_stats.json`'s `merge` record: what `mergekit-ram verify` needs to
+    #: run it again from the output folder alone (`entry_point`, and what else the entry point adds)
+    record: dict[str, Any] = field(default_factory=lambda: {"entry_point": "run_merge"})
 
     def owns(self, config: Any) -> bool:
         """Whether `config` is this session's (mergekit passes the same object along)."""

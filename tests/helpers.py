@@ -157,9 +157,10 @@ def number(value):
 
 
 def validate_schema(report: dict, *, counted: bool = True) -> None:
-    """The schema documented in mergekit_ram/report.py (format_version 2)."""
+    """The schema documented in mergekit_ram/report.py (format_version 3)."""
     assert report["format"] == "mergekit-ram/ram_stats"
-    assert report["format_version"] == 2
+    assert report["format_version"] == 3
+    assert report["merge"]["entry_point"] in ("run_merge", "mergekit-pytorch")
     assert report["method"] == "ramplus"
     params = report["parameters"]
     assert set(params) == {"epsilon", "r", "alpha", "rho_scope", "lambda_rule"}

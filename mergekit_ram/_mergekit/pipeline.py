@@ -64,7 +64,12 @@ def prepare(planner: Any, current: session.MergeSession) -> None:
     if current.stats is not None and merging:
         tasks.inject(planner, found, current.stats, needs, tied)
     current.report = report.build(
-        current.stats, current.planned, source=current.source, identities=_identities(planned[0], seen), tied=tied
+        current.stats,
+        current.planned,
+        source=current.source,
+        identities=_identities(planned[0], seen),
+        tied=tied,
+        record=current.record,
     )
     if current.stats is not None and merging:
         _tell(current, planner.options, quiet_table=not needs)
