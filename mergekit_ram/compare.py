@@ -186,7 +186,7 @@ def read_report(folder: str) -> dict:
     method's file, or a newer format; Unreadable for a file that is not JSON.
     """
     if not os.path.isdir(folder):
-        raise NotVerifiable(f"no such folder: {folder}")
+        raise NotVerifiable(f"{'not a folder' if os.path.exists(folder) else 'no such folder'}: {folder}")
     path = os.path.join(folder, output_checks.STATS_FILE)
     if not os.path.isfile(path):
         raise NotVerifiable(
@@ -218,6 +218,22 @@ def merge_record(report: dict) -> dict:
     """The report's `merge` record (format_version 1 and 2 have none: a run_merge with default options)."""
     record = report.get("merge")
     return dict(record) if isinstance(record, dict) else {"entry_point": "run_merge"}
+
+
+def damaged_weight_file(folder: str) -> str | None:
+    """'FILE: why' for the first safetensors file directly in `folder` that safetensors cannot open, else None."""
+    from safetensors import SafetensorError, safe_open
+
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".safetensors"):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except (OSError, SafetensorError) as error:
+            return f"{path}: {' '.join(str(error).split())}"
+    return None
 
 
 def stray_tensors(folder: str, indexed: Mapping[str, str]) -> dict[str, str]:

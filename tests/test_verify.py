@@ -156,7 +156,9 @@ def abc(tmp_path_factory, qwen_bf16):
 
 
 def test_one_ulp_in_one_tensor_is_named(abc, tmp_path, capsys):
+    """Also after a verify of the same folder in the same process (mergekit's loaders are not reused stale)."""
     out = copy_of(abc, tmp_path)
+    assert verify(out, capsys)[0] == 0
     name = "model.layers.1.self_attn.k_proj.bias"
     moved = move_one_ulp(out, {name: 5})
     code, text, err = verify(out, capsys)

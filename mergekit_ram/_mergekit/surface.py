@@ -111,6 +111,7 @@ NAMES: tuple[Name, ...] = (
     Name("mergekit.common", "ModelReference", VERIFY),
     Name("mergekit.common", "ModelPath", VERIFY),
     Name(_TASKS, "SaveTensor", VERIFY),
+    Name(_TASKS, "LoaderCache.loaders", VERIFY, "annotation"),
     Name("mergekit.scripts.merge_raw_pytorch", "plan_flat_merge", VERIFY),
     Name("mergekit.scripts.merge_raw_pytorch", "RawPyTorchMergeConfig", VERIFY),
     # public API: the method definition, registration, the CLI
@@ -219,6 +220,15 @@ def replace_planned(planner: Any, index: int, task: Any) -> None:
     """Swap the task planned at `index` (its WeightInfo stays)."""
     weight, _ = planner._tensors[index]
     planner._tensors[index] = (weight, task)
+
+
+def forget_loaders(models: Any) -> None:
+    """Drop mergekit's loaders of `models` (ModelReferences) from its process-wide `LoaderCache`, so they are
+    opened afresh: a loader keeps a file's index and open handle, which a rewrite of the file leaves stale."""
+    from mergekit.io.tasks import LoaderCache
+
+    for model in models:
+        LoaderCache.loaders.pop(model, None)
 
 
 def plan_as_mergekit(planner: Any) -> None:

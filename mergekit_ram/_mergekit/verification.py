@@ -90,6 +90,8 @@ def _verify_run_merge(folder: str, recorded: dict, record: dict, options: Any, o
     config = _read_config(path)
     if not resolves_to_ours(config.merge_method):
         raise compare.NotVerifiable(f"{path} merges with {config.merge_method!r}; verify checks ramplus merges")
+    surface.forget_loaders([_reference(folder), *config.referenced_models()])  # read as the files are now
+    index = _published_index(folder)
     LoaderCache().setup(options=options)
     config, labels = _pinned(config, recorded)
     if not _inputs_unchanged(config, recorded, labels, outcome):
@@ -117,7 +119,7 @@ def _verify_run_merge(folder: str, recorded: dict, record: dict, options: Any, o
             _compare_task(folder, weight.name, task, weight.optional, weight.force_dtype or out_dtype)
             for weight, task in surface.planned(planner)
         ]
-        _run(targets, folder, options, outcome)
+        _run(targets, index, folder, options, outcome)
 
 
 def _read_config(path: str) -> Any:
@@ -240,6 +242,8 @@ def _verify_flat(folder: str, recorded: dict, record: dict, options: Any, outcom
         raise compare.Unreadable(f"{stats}: its merge record holds no mergekit-pytorch config ({error})") from error
     if not resolves_to_ours(config.merge_method):
         raise compare.NotVerifiable(f"{stats} records a {config.merge_method!r} merge; verify checks ramplus merges")
+    surface.forget_loaders([_reference(folder)])  # read as the files are now (mergekit-pytorch has its own loaders)
+    index = _published_index(folder)
     current = MergeSession(config=config, mode="verify", fast_loading=True, record=record)
     # plan_flat_merge plans a writer for its out_path; it never runs here, and nothing is written there
     nowhere = os.path.join(tempfile.gettempdir(), f"mergekit-ram-verify-{os.getpid()}-never-written")
@@ -269,7 +273,7 @@ def _verify_flat(folder: str, recorded: dict, record: dict, options: Any, outcom
             for save in planned
             if isinstance(save, SaveTensor)
         ]
-        _run(targets, folder, options, outcome)
+        _run(targets, index, folder, options, outcome)
 
 
 # --------------------------------------------------------------------------- #
@@ -338,18 +342,31 @@ def _compare_task(folder: str, name: str, task: Any, optional: bool, dtype: str 
 
 def _published(folder: str) -> Any:
     """mergekit's loader of the folder's weights (one per folder, as for an input model)."""
-    from mergekit.common import ModelPath, ModelReference
     from mergekit.io.tasks import LoaderCache
 
-    return LoaderCache().get(ModelReference(model=ModelPath(path=folder)))
+    return LoaderCache().get(_reference(folder))
 
 
-def _run(targets: list[CompareTensor], folder: str, options: Any, outcome: compare.Outcome) -> None:
-    """Run the compare tasks on the executor `run_merge` would use; then name what the folder holds beyond them."""
+def _reference(folder: str) -> Any:
+    from mergekit.common import ModelPath, ModelReference
+
+    return ModelReference(model=ModelPath(path=folder))
+
+
+def _published_index(folder: str) -> dict[str, str]:
+    """tensor -> file, as a loader reads the folder's weights (checked before any input is read)."""
     try:
-        index = dict(_published(folder).index.tensor_paths)
+        return dict(_published(folder).index.tensor_paths)
     except Exception as error:
-        raise InputError(f"{folder}: its weights cannot be read ({' '.join(str(error).split())[:300]})") from error
+        why = compare.damaged_weight_file(folder) or " ".join(str(error).split())[:300]
+        raise InputError(f"the weights in {folder} cannot be read: {why}") from error
+
+
+def _run(
+    targets: list[CompareTensor], index: dict[str, str], folder: str, options: Any, outcome: compare.Outcome
+) -> None:
+    """Run the compare tasks on the executor `run_merge` would use; then name what the folder holds beyond them
+    (`index`: the folder's tensors)."""
     planned = set()
     try:
         for _task, value in _executor(targets, options):
