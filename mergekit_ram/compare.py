@@ -14,7 +14,8 @@ JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/ver
 
 - `folder` (absolute), `entry_point` ("run_merge" or "mergekit-pytorch"; null when unread),
   `result`: "identical" (exit 0), "differs" (exit 1), "error" (exit 1: something could not be
-  read; `error` says what);
+  read; `error` says what). A usage error (exit 2: no such folder, no ram_stats.json, another
+  method's folder) prints no JSON, only its line on stderr;
 - `merged`: whether the merge was recomputed (false when an input changed or the config does not
   plan what `ram_stats.json` records: nothing is recomputed then);
 - `statistics`: where rho came from ("cache", "computed", "not computed"), null when not recomputed;
