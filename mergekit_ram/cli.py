@@ -1,4 +1,4 @@
-"""The ``mergekit-ram`` command line: ``example`` and ``inspect``.
+"""The ``mergekit-ram`` command line: ``example``, ``inspect`` and ``verify``.
 
 On click, like mergekit's own commands; ``inspect`` takes mergekit's merge
 options through mergekit's own ``add_merge_options``, so an option mergekit adds
@@ -28,6 +28,10 @@ class _UsageError(Exception):
 
 class _InputError(Exception):
     """An input model that cannot be read or counted: one line on stderr and exit code 1."""
+
+
+class _NotIdentical(Exception):
+    """`verify` found the folder not identical and said so: exit code 1, nothing more printed."""
 
 
 # --------------------------------------------------------------------------- #
@@ -166,12 +170,73 @@ def _inspect(
 
 
 # --------------------------------------------------------------------------- #
+# verify
+# --------------------------------------------------------------------------- #
+def _verify_command() -> click.Command:
+    @click.command(
+        "verify",
+        help=(
+            "Check that OUT_DIR holds what its ramplus merge makes of its inputs: from OUT_DIR's ram_stats.json "
+            "and mergekit_config.yml, check each input's recorded identity (a hub id at its recorded revision) and "
+            "that the config plans the recorded parameters, then recompute the merge tensor by tensor (rho from the "
+            "statistics cache when it holds the counts) and compare each tensor's bits with the published one, "
+            "writing nothing. Exit 0: bit-identical; 1: what differs is named (a changed input, an edited parameter, "
+            "each differing, missing or extra tensor) or something cannot be read; 2: a usage error."
+        ),
+    )
+    @click.argument("out_dir", metavar="OUT_DIR", type=click.Path(path_type=Path))
+    @click.option("--json", "as_json", is_flag=True, help="print the result as JSON (schema: mergekit_ram/compare.py)")
+    @click.option("--device", help="compute on this device (as mergekit-yaml's --device)")
+    @click.option("--cuda", is_flag=True, help="compute on the GPU")
+    @click.option("--low-cpu-memory", is_flag=True, help="keep intermediate values on the device")
+    @click.option("--read-to-gpu", is_flag=True, help="read the inputs straight to the device")
+    @click.option("--multi-gpu", is_flag=True, help="run on every GPU (mergekit's multi-GPU executor)")
+    @click.option("--num-threads", "-j", type=int, help="CPU threads")
+    @click.option("--transformers-cache", metavar="DIR", help="where hub inputs are downloaded")
+    @click.option("--lora-merge-cache", metavar="DIR", help="where LoRA inputs are merged into their models")
+    @click.option("--quiet", "-q", is_flag=True, help="no progress bars")
+    @click.option("-v", "verbosity", count=True, help="log more (repeat for more)")
+    def verify(out_dir: Path, as_json: bool, **flags: Any) -> None:
+        _verify(out_dir, as_json, flags)
+
+    return verify
+
+
+def _verify(out_dir: Path, as_json: bool, flags: dict[str, Any]) -> None:
+    from mergekit.options import MergeOptions
+
+    from mergekit_ram import compare
+    from mergekit_ram._mergekit import verification
+
+    options = MergeOptions(**{k: v for k, v in flags.items() if v not in (None, False)})
+    options.apply_global_options()
+    try:
+        outcome = verification.verify(str(out_dir), options)
+    except compare.NotVerifiable as error:
+        raise _UsageError(str(error)) from error
+    except (compare.Unreadable, verification.InputError) as error:
+        if as_json:
+            failed = compare.Outcome(folder=str(out_dir.expanduser().absolute()), error=" ".join(str(error).split()))
+            print(compare.dumps(failed), end="")
+        raise _InputError(str(error)) from error
+    if as_json:
+        print(compare.dumps(outcome), end="")
+    else:
+        for note in outcome.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(outcome.text())
+    if not outcome.identical:
+        raise _NotIdentical
+
+
+# --------------------------------------------------------------------------- #
 # Entry point
 # --------------------------------------------------------------------------- #
 #: name -> (one-line help, a function that builds the command): built only when run.
 COMMANDS: dict[str, tuple[str, Callable[[], click.Command]]] = {
     "example": ("write a tiny RL-like base model, three agents and ready RAM/RAM+ configs", _example_command),
     "inspect": ("count (or reuse cached) RAM+ statistics of a config without merging", _inspect_command),
+    "verify": ("recompute a ramplus merge from its output folder and compare it bit for bit", _verify_command),
 }
 
 
@@ -201,8 +266,9 @@ def _group() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``mergekit-ram``; returns the exit code: 0 ok, 1 an input model that cannot be read or counted
-    (a damaged or unreadable file, a NaN, a shape or dtype mismatch), 2 a usage error (an option, the
-    config, a missing file named on the command line), 130 interrupted."""
+    (a damaged or unreadable file, a NaN, a shape or dtype mismatch) or a folder ``verify`` finds not
+    identical, 2 a usage error (an option, the config, a missing file named on the command line),
+    130 interrupted."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         click.echo(_group.get_help(click.Context(_group, info_name=PROG)), err=True)
@@ -216,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.ClickException as error:  # usage errors
         error.show()
         return 2
+    except _NotIdentical:
+        return 1
     except click.exceptions.Abort:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

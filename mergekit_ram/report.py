@@ -10,7 +10,8 @@ Both are built from the same report dict, so the card, the JSON and
 - `versions`: mergekit, mergekit-ram, torch.
 - `merge` (format_version 3): how the merge was run, for `mergekit-ram verify`: `entry_point`
   ("run_merge": mergekit-yaml, mergekit-multi or the Python API, whose config is the folder's
-  `mergekit_config.yml`), and what that entry point adds.
+  `mergekit_config.yml`), `options` (the values of the mergekit options that change what is
+  merged, `RECORDED_OPTIONS`), and what that entry point adds.
 - `base_model`, `agents[]`: `model` and `identity` (`revision` for hub
   snapshots; `content_id` = sha256 over each file's name, size, safetensors
   header (tensor names, dtypes, shapes, offsets) and sixteen evenly spaced
@@ -47,6 +48,28 @@ from mergekit_ram.session import Planned
 FORMAT = output_checks.STATS_FORMAT
 FORMAT_VERSION = 3  # 2: diagnostics (per agent and `pairs`) added; 3: the `merge` record
 PROJECT_URL = "https://pypi.org/project/mergekit-ram/"
+#: the packages whose versions a report records
+VERSIONED = ("mergekit", "mergekit-ram", "torch")
+#: mergekit's `MergeOptions` fields that change the merged values, recorded in the `merge` record so `verify`
+#: merges with them: what is planned (`allow_crimes`: mixed architectures; `trust_remote_code`: a custom
+#: architecture's config), the vocabulary (`unsafe_truncate_embeddings`) and what is loaded (`lazy_unpickle`:
+#: how a `.bin` is read; `lora_merge_dtype`: a LoRA input merged into its model). The others change where and
+#: how files are written (shards, serialisation, card, tokenizer), the devices and threads (the kernel's
+#: result is the same bits on each), or nothing `ramplus` reads (`random_seed`).
+RECORDED_OPTIONS = (
+    "allow_crimes",
+    "trust_remote_code",
+    "unsafe_truncate_embeddings",
+    "lazy_unpickle",
+    "lora_merge_dtype",
+)
+
+
+def merge_record(entry_point: str, options: Any, **extra: Any) -> dict[str, Any]:
+    """The `merge` record of a merge run through `entry_point` with mergekit's `options` (`extra`: what the entry
+    point adds, e.g. mergekit-pytorch's config)."""
+    recorded = {name: getattr(options, name) for name in RECORDED_OPTIONS if hasattr(options, name)}
+    return {"entry_point": entry_point, "options": recorded, **extra}
 
 
 def build(
@@ -150,7 +173,7 @@ def dumps(report: dict) -> str:
 
 
 def _versions() -> dict[str, str]:
-    return {name: versions.installed(name) for name in ("mergekit", "mergekit-ram", "torch")}
+    return {name: versions.installed(name) for name in VERSIONED}
 
 
 def public_identity(identity: dict) -> dict:
@@ -213,7 +236,9 @@ def card_section(report: dict) -> str:
         *(f"| agent | {a['model']} | {_identity(a['identity'])} |" for a in report["agents"]),
         "",
         f"Per-tensor counts: `ram_stats.json`. To reproduce: `pip install mergekit=={v['mergekit']} "
-        f"mergekit-ram=={v['mergekit-ram']}`, then `mergekit-yaml mergekit_config.yml OUTPUT` with the inputs above.",
+        f"mergekit-ram=={v['mergekit-ram']}`, then `mergekit-yaml mergekit_config.yml OUTPUT` with the inputs above; "
+        "check this folder against its inputs with `mergekit-ram verify <folder>` (it recomputes every tensor and "
+        "compares the bits, writing nothing).",
         "",
     ]
     return "\n".join(lines)

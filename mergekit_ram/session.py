@@ -35,7 +35,8 @@ class Planned:
 class MergeSession:
     """The state of one merge: what was asked, what the statistics pass found, what is left to write.
 
-    `mode`: "merge" (mergekit-yaml / run_merge) or "inspect" (count only, always).
+    `mode`: "merge" (mergekit-yaml / run_merge), "inspect" (count only, always) or "verify" (a merge run
+    again by `mergekit-ram verify`: rho injected, nothing printed or written).
     `check_parameters`: False when `inspect` plans another method's config as ramplus
     (its own parameters are not ours to judge).
     """

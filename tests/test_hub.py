@@ -221,6 +221,29 @@ def test_offline_snapshot_folders_merge_to_the_same_bits(hub):
     ]
 
 
+# ---------------------------------------------------------------- verify, after a branch moved
+
+
+def test_verify_reads_each_hub_id_at_its_recorded_revision(hub, qwen_bf16):
+    """After the merge, org/agent-a's main moves on to a third commit (B's weights). `mergekit-ram verify` reads
+    `org/agent-a` at the commit the merge read (its recorded revision), not at main, and finds the folder
+    bit-identical; the new commit is never asked for."""
+    served = {**{repo: [qwen_bf16.paths[who] for who in members] for repo, members in REPOS.items()}}
+    served["org/agent-a"] = [*served["org/agent-a"], qwen_bf16.paths["B"]]
+    with HubStub(served, lifetime=240) as moved:
+        assert moved.shas["org/agent-a"][:2] == [hub.old, hub.new]  # the same commits, and a newer main
+        newest = moved.shas["org/agent-a"][2]
+        done = subprocess.run(
+            [_exe("mergekit-ram"), "verify", str(hub.out), "-q"],
+            capture_output=True, text=True, timeout=300, env=hub_env(moved.url, hub.home), cwd=str(hub.root / "cwd"),
+        )
+        asked = [path.split("?")[0] for _, path, _ in moved.requests]
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert done.stdout.strip() == f"{hub.out}: bit-identical, {len(models.load_checkpoint(hub.out))} tensors (rho counted again)"
+    assert f"/api/models/org/agent-a/tree/{hub.new}" in asked  # pinned to the recorded commit
+    assert not [path for path in asked if newest in path or path.endswith("/revision/main")], asked
+
+
 # ---------------------------------------------------------------- the stub itself
 
 

@@ -3,15 +3,17 @@
 It runs downhill, never up through a patched mergekit method: the config is checked once
 (`pipeline.check_config`), mergekit's own planning runs without our wrapper around it
 (`surface.plan_as_mergekit`), then `pipeline.prepare` counts. The only hook it needs,
-linear-time tensor loading, it installs itself (`loading.install`).
+linear-time tensor loading, it installs itself (`loading.install`). `plan` (from `planner`, shared
+with `verify`) is run_merge's preamble.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mergekit_ram import config_checks, input_checks
+from mergekit_ram import config_checks, input_checks, report
 from mergekit_ram._mergekit import loading, pipeline, surface
+from mergekit_ram._mergekit.planner import plan
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
 from mergekit_ram.session import MergeSession, active
 
@@ -35,7 +37,8 @@ def inspect(config: Any, options: Any) -> MergeSession:
     ours = resolves_to_ours(config.merge_method)
     if not ours:
         config = config.model_copy(update={"merge_method": NAME})
-    current = MergeSession(config=config, mode="inspect", check_parameters=ours, fast_loading=True)
+    record = report.merge_record("run_merge", options)  # its --json is the ram_stats.json a merge would write
+    current = MergeSession(config=config, mode="inspect", check_parameters=ours, fast_loading=True, record=record)
     loading.install()
     with active(current):
         pipeline.check_config(current)
@@ -53,21 +56,3 @@ def _count(current: MergeSession, options: Any) -> None:
     """Check the input files, plan with mergekit, count (`pipeline.prepare`)."""
     input_checks.check_input_files(current.config)
     pipeline.prepare(plan(current.config, options), current)
-
-
-def plan(config: Any, options: Any) -> Any:
-    """A `MergePlanner` of `config`, planned by mergekit alone, as `run_merge` plans before merging
-    (architecture, every model's loader warmed, the output config): nothing of ours runs."""
-    from mergekit.architecture import get_architecture_info
-    from mergekit.io.tasks import LoaderCache
-    from mergekit.plan import MergePlanner
-
-    arch_info = get_architecture_info(config, options)
-    loaders = LoaderCache()
-    loaders.setup(options=options)
-    for model in config.referenced_models():
-        loaders.get(model)
-    out_config = surface.model_out_config(config, arch_info, options)
-    planner = MergePlanner(config, arch_info, options=options, out_model_config=out_config)
-    surface.plan_as_mergekit(planner)
-    return planner

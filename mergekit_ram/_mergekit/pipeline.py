@@ -55,7 +55,7 @@ def prepare(planner: Any, current: session.MergeSession) -> None:
     planned = [t for t in planned if t.output_weight.name not in tied]  # a tied pair is counted once
     current.planned = [tasks.summary(task) for task in planned]
     needs = tasks.needing_rho(planned)
-    merging = current.mode == "merge"
+    merging = current.mode != "inspect"  # a merge, or verify running one again: rho injected
     seen: dict[str, dict] = {}  # each input folder's identity, read once (cache key and report)
     counts = counting.statistics_of(planner.options, planned, seen, compute=bool(needs) or not merging)
     current.stats, current.source = counts
@@ -71,7 +71,7 @@ def prepare(planner: Any, current: session.MergeSession) -> None:
         tied=tied,
         record=current.record,
     )
-    if current.stats is not None and merging:
+    if current.stats is not None and current.mode == "merge":
         _tell(current, planner.options, quiet_table=not needs)
 
 
@@ -113,7 +113,8 @@ def merge(run_merge: Callable[..., Any], merge_config: Any, *args: Any, **kwargs
     out_path = args[0] if args else kwargs.get("out_path")
     options = args[1] if len(args) > 1 else kwargs.get("options")
     config_source = args[2] if len(args) > 2 else kwargs.get("config_source")
-    current = session.MergeSession(config=merge_config, in_run_merge=True, fast_loading=True)
+    record = report.merge_record("run_merge", options)  # what `mergekit-ram verify` merges with
+    current = session.MergeSession(config=merge_config, in_run_merge=True, fast_loading=True, record=record)
     with session.active(current):
         config_checks.check_devices(options)
         check_inputs(merge_config, card=config_source is None and getattr(options, "write_model_card", False))

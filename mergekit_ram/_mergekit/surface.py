@@ -30,6 +30,7 @@ PREPASS = "prepass"  # the statistics pass and rho injection (checked when merge
 MERGE = "merge"  # run_merge's wrapper, the card, inspect's preamble (checked when mergekit.merge loads)
 LOADING = "loading"  # linear-time tensor loading (only a speed-up: mergekit's own loading is used without it)
 PUBLIC = "public"  # mergekit's public API (method definition, CLI options)
+VERIFY = "verify"  # `mergekit-ram verify`: a merge planned again, compared instead of saved
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,13 @@ NAMES: tuple[Name, ...] = (
     Name(_CONVERSION, "_iter_transform_matches", LOADING, "source", "6a2c25a7002bc389"),
     Name(_CONVERSION, "_expanded_target_keys", LOADING, "source", "8eab3e6797ca04ad"),
     Name("mergekit.io.loader", "TensorLoader", LOADING),
+    # verify: hub ids pinned to a recorded revision, the published weights read, mergekit-pytorch planned again
+    Name("mergekit.common", "ModelReference", VERIFY),
+    Name("mergekit.common", "ModelPath", VERIFY),
+    Name(_TASKS, "SaveTensor", VERIFY),
+    Name(_TASKS, "LoaderCache.loaders", VERIFY, "annotation"),
+    Name("mergekit.scripts.merge_raw_pytorch", "plan_flat_merge", VERIFY),
+    Name("mergekit.scripts.merge_raw_pytorch", "RawPyTorchMergeConfig", VERIFY),
     # public API: the method definition, registration, the CLI
     Name("mergekit", "merge_methods", PUBLIC),
     Name("mergekit.merge_methods", "merge_method", PUBLIC),
@@ -212,6 +220,15 @@ def replace_planned(planner: Any, index: int, task: Any) -> None:
     """Swap the task planned at `index` (its WeightInfo stays)."""
     weight, _ = planner._tensors[index]
     planner._tensors[index] = (weight, task)
+
+
+def forget_loaders(models: Any) -> None:
+    """Drop mergekit's loaders of `models` (ModelReferences) from its process-wide `LoaderCache`, so they are
+    opened afresh: a loader keeps a file's index and open handle, which a rewrite of the file leaves stale."""
+    from mergekit.io.tasks import LoaderCache
+
+    for model in models:
+        LoaderCache.loaders.pop(model, None)
 
 
 def plan_as_mergekit(planner: Any) -> None:

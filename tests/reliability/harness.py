@@ -31,6 +31,7 @@ CATEGORIES = {
     "test_plugin_isolation": "plugin isolation",
     "test_outputs": "outputs",
     "test_mergekit_options": "mergekit options",
+    "test_verify_cases": "verify",
 }
 ORDER = list(CATEGORIES.values())
 

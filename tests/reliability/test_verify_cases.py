@@ -1,0 +1,228 @@
+"""`mergekit-ram verify` given bad folders, and run on folders merged with mergekit's options.
+
+Decided behaviour: a folder verify cannot check is a usage error (exit 2) in one line naming what is
+wrong: no such folder, no `ram_stats.json` (another method's output, an unfinished merge), a
+`ram_stats.json` another program wrote or a newer mergekit-ram, no `mergekit_config.yml` (merged
+without the card). A file that is there but cannot be read is a data error (exit 1) in one line
+naming it: a corrupt `ram_stats.json`, a `mergekit_config.yml` mergekit cannot read or whose
+parameters are invalid, a damaged published weight file; an input that is gone is named as such
+(exit 1, nothing recomputed). With `--json` a data error is also a JSON document (`result`
+"error"). Merges made with mergekit's options that change what is merged (`ram_stats.json`
+records them) or how it is written (shards, `.bin`, clones, asynchronous writes) verify as
+bit-identical. In every case verify writes nothing into the folder or an input.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import models
+import pytest
+import torch
+
+from reliability.conftest import config_yaml, forbid_count
+
+
+def _verify(capsys, out, *flags) -> tuple[int, str, str]:
+    from mergekit_ram import cli
+
+    capsys.readouterr()
+    code = cli.main(["verify", str(out), "-q", *flags])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("mergekit-ram verify: error: "), lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def merged_ab(qwen_bf16, run_yaml, tmp_path):
+    """A fresh ramplus merge of A and B (safe to damage)."""
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), [qwen_bf16.path("A"), qwen_bf16.path("B")]), out=tmp_path / "o")
+    return run.out
+
+
+# ---------------------------------------------------------------- usage errors: exit 2
+
+
+def test_no_such_folder(rel, capsys, tmp_path):
+    code, out, err = _verify(capsys, tmp_path / "nowhere")
+    assert code == 2 and out == ""
+    rel.names(_one_line(err), "no such folder", tmp_path / "nowhere")
+
+
+def test_a_file_given_as_the_folder(rel, capsys, tmp_path):
+    (tmp_path / "f").write_text("x")
+    rel.watch(tmp_path)
+    code, _, err = _verify(capsys, tmp_path / "f")
+    assert code == 2
+    rel.names(_one_line(err), "not a folder", tmp_path / "f")
+
+
+def test_another_methods_folder(rel, qwen_bf16, run_yaml, capsys, tmp_path):
+    agents = [qwen_bf16.path("A"), qwen_bf16.path("B")]
+    text = config_yaml(qwen_bf16.path("base"), agents, method="task_arithmetic", model_parameters={0: {"weight": 1.0}, 1: {"weight": 1.0}})
+    run = run_yaml(text, out=tmp_path / "o")
+    rel.watch(run.out, *qwen_bf16.paths.values())
+    code, _, err = _verify(capsys, run.out)
+    assert code == 2
+    rel.names(_one_line(err), run.out, "ram_stats.json", "not the output of a finished ramplus merge")
+
+
+@pytest.mark.parametrize(
+    "content, named",
+    [
+        ('{"format": "someone-else", "method": "ramplus"}', "was not written by mergekit-ram"),
+        ("[1, 2, 3]", "was not written by mergekit-ram"),
+        ("RAMSTATS", "is unreadable"),
+    ],
+    ids=["foreign-format", "not-an-object", "not-json"],
+)
+def test_ram_stats_json_of_another_program_or_not_json(rel, merged_ab, qwen_bf16, capsys, content, named):
+    (merged_ab / "ram_stats.json").write_text(content, encoding="utf-8")
+    rel.watch(merged_ab, *qwen_bf16.paths.values())
+    code, _, err = _verify(capsys, merged_ab)
+    assert code == (1 if named == "is unreadable" else 2)
+    rel.names(_one_line(err), merged_ab / "ram_stats.json", named)
+
+
+def test_corrupt_ram_stats_json_is_a_data_error_also_in_json(rel, merged_ab, qwen_bf16, capsys):
+    path = merged_ab / "ram_stats.json"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # truncated
+    rel.watch(merged_ab, *qwen_bf16.paths.values())
+    code, out, err = _verify(capsys, merged_ab, "--json")
+    assert code == 1
+    rel.names(_one_line(err), path, "is unreadable")
+    found = json.loads(out)
+    assert found["result"] == "error" and found["merged"] is False and str(path) in found["error"]
+    assert found["problems"] == [found["error"]]
+
+
+def test_a_newer_format_version(rel, merged_ab, qwen_bf16, capsys):
+    path = merged_ab / "ram_stats.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**data, "format_version": 99}), encoding="utf-8")
+    rel.watch(merged_ab, *qwen_bf16.paths.values())
+    code, _, err = _verify(capsys, merged_ab)
+    assert code == 2
+    rel.names(_one_line(err), path, "format_version 99", "upgrade mergekit-ram")
+
+
+def test_a_merge_without_the_card_has_no_config_to_run(rel, qwen_bf16, run_yaml, capsys, tmp_path):
+    agents = [qwen_bf16.path("A"), qwen_bf16.path("B")]
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), agents), out=tmp_path / "o", write_model_card=False)
+    rel.watch(run.out, *qwen_bf16.paths.values())
+    code, _, err = _verify(capsys, run.out)
+    assert code == 2
+    rel.names(_one_line(err), run.out, "mergekit_config.yml", "--no-write-model-card")
+
+
+# ---------------------------------------------------------------- data errors: exit 1
+
+
+@pytest.mark.parametrize(
+    "content, named",
+    [
+        ("merge_method: [unclosed\n", "is not a mergekit config mergekit can read"),
+        ("just: text\n", "is not a mergekit config mergekit can read"),
+        (None, "r"),  # an invalid parameter: the config's checks name it
+    ],
+    ids=["not-yaml", "not-a-config", "invalid-r"],
+)
+def test_a_config_that_cannot_be_run(rel, merged_ab, qwen_bf16, capsys, content, named):
+    path = merged_ab / "mergekit_config.yml"
+    if content is None:
+        content = path.read_text(encoding="utf-8") + "parameters:\n  r: -1\n"
+    path.write_text(content, encoding="utf-8")
+    rel.watch(merged_ab, *qwen_bf16.paths.values())
+    code, _, err = _verify(capsys, merged_ab)
+    assert code == 1
+    rel.names(_one_line(err), path, named)
+
+
+def test_an_input_that_is_gone_is_named(rel, qwen_bf16, run_yaml, capsys, tmp_path):
+    agent = Path(shutil.copytree(qwen_bf16.paths["A"], tmp_path / "A"))
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), [agent, qwen_bf16.path("B")]), out=tmp_path / "o")
+    shutil.rmtree(agent)
+    rel.watch(run.out, *qwen_bf16.paths.values())
+    code, out, _ = _verify(capsys, run.out)
+    assert code == 1
+    rel.names(out, f"input {agent} (agent) cannot be read: no such folder", "nothing recomputed")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "header"])
+def test_a_damaged_published_weight_file_is_named(rel, merged_ab, qwen_bf16, capsys, monkeypatch, damage):
+    path = merged_ab / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100] if damage == "truncated" else b"\x10\x00\x00\x00\x00\x00\x00\x00{not json header}")
+    rel.watch(merged_ab, *qwen_bf16.paths.values())
+    forbid_count(monkeypatch)  # the folder's weights are checked before any input is read
+    code, _, err = _verify(capsys, merged_ab)
+    assert code == 1
+    rel.names(_one_line(err), f"the weights in {merged_ab} cannot be read: {path}: ")
+
+
+# ---------------------------------------------------------------- no false alarm across mergekit's options
+
+
+def _wider_agent(qwen, folder: Path, rows: int) -> Path:
+    """Agent A with `rows` more vocabulary rows (embeddings and lm_head)."""
+    gen = torch.Generator().manual_seed(5)
+    sd = dict(qwen.family.agents["A"])
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        extra = (torch.rand(rows, sd[name].shape[1], generator=gen) - 0.5).to(sd[name].dtype)
+        sd[name] = torch.cat([sd[name], extra])
+    config = models.make_config("qwen2", False, torch.bfloat16)
+    config.vocab_size += rows
+    return models.write_checkpoint(folder, config, sd).resolve()
+
+
+OPTIONS = {
+    # mergekit-yaml flags: those that change what is merged are recorded in ram_stats.json and verify uses them
+    "unsafe-truncate-embeddings": ["--unsafe-truncate-embeddings"],
+    "lazy-unpickle": ["--lazy-unpickle"],
+    "allow-crimes": ["--allow-crimes"],
+    "out-shard-size": ["--out-shard-size", "4K"],
+    "no-safe-serialization": ["--no-safe-serialization"],
+    "clone-tensors": ["--clone-tensors"],
+    "async-write": ["--async-write", "--write-threads", "2"],
+    "low-cpu-memory": ["--low-cpu-memory"],
+}
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_merges_with_mergekit_options_verify(rel, qwen_bf16, capsys, tmp_path, option):
+    from mergekit.scripts.run_yaml import main as mergekit_yaml
+
+    first = _wider_agent(qwen_bf16, tmp_path / "A-wide", 8) if option == "unsafe-truncate-embeddings" else None
+    agents = [str(first or qwen_bf16.path("A")), qwen_bf16.path("B")]
+    config = tmp_path / "ramplus.yml"
+    config.write_text(config_yaml(qwen_bf16.path("base"), agents), encoding="utf-8")
+    out = tmp_path / "merged"
+    mergekit_yaml([str(config), str(out), "--no-copy-tokenizer", "--quiet", *OPTIONS[option]], standalone_mode=False)
+    recorded = json.loads((out / "ram_stats.json").read_text(encoding="utf-8"))["merge"]["options"]
+    flag = OPTIONS[option][0].removeprefix("--").replace("-", "_")
+    if flag in recorded:
+        assert recorded[flag] is True, recorded
+    names = sorted(p.name for p in out.iterdir())
+    rel.watch(out, *qwen_bf16.paths.values(), *([first] if first else []))
+    code, text, err = _verify(capsys, out)
+    assert code == 0, text + err
+    assert "bit-identical" in text, text
+    if option == "no-safe-serialization":
+        assert "pytorch_model.bin" in names, names
+    if option == "unsafe-truncate-embeddings":  # without the recorded option the wider agent cannot be planned
+        stats = out / "ram_stats.json"
+        data = json.loads(stats.read_text(encoding="utf-8"))
+        data["merge"]["options"]["unsafe_truncate_embeddings"] = False
+        copy = Path(shutil.copytree(out, tmp_path / "without-the-option"))
+        (copy / "ram_stats.json").write_text(json.dumps(data), encoding="utf-8")
+        code, text, err = _verify(capsys, copy)
+        assert code == 1, text + err
+        rel.names(_one_line(err), "Tensor size mismatch for model.embed_tokens.weight")
