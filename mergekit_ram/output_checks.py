@@ -51,7 +51,9 @@ def check_output_files(inputs: list[str], out_path: str) -> None:
         if not os.path.exists(path):
             continue  # the input checks name it
         beside = {os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.dirname(os.path.realpath(path))}
-        if out == os.path.realpath(path) or out in beside:
+        if out == os.path.realpath(path):
+            raise ValueError(f"output folder {out_path} is the input file {path}. Choose another output folder.")
+        if out in beside:
             raise ValueError(
                 f"output folder {out_path} is the folder of the input file {path}; the merge would write its "
                 "weight files beside the inputs (and over one named like them). Choose another output folder, "

@@ -435,3 +435,36 @@ def test_the_wrapped_planner_serves_a_caller_other_than_main(flat_cnn, tmp_path)
     report = read_stats(out)
     assert report["merge"] == _record(flat_cnn, "safetensors", "float32")
     assert models.load_checkpoint(out).keys() == {*flat_cnn.family.shapes, "bn.num_batches_tracked"}
+
+
+def test_the_flat_door_is_wrapped_only_when_mergekit_pytorch_has_what_it_reads(monkeypatch, caplog):
+    """`hooks.install_flat` checks the FLAT names (and the pre-pass's) first: a changed mergekit-pytorch leaves
+    its planner unwrapped, with a warning; mergekit's own module is wrapped once."""
+    import sys
+    import types
+
+    from mergekit.scripts import merge_raw_pytorch
+
+    from mergekit_ram._mergekit import hooks, surface
+
+    assert surface.problems(surface.FLAT) == []
+    assert surface.marked(merge_raw_pytorch.plan_flat_merge, surface.HOOKED)
+    original = surface.unwrapped(merge_raw_pytorch.plan_flat_merge)
+    fake = types.ModuleType(merge_raw_pytorch.__name__)  # mergekit's module, its planner not yet wrapped
+    fake.__dict__.update({k: v for k, v in vars(merge_raw_pytorch).items() if k != "__name__"})
+    fake.plan_flat_merge = original
+    monkeypatch.setitem(sys.modules, "mergekit.scripts.merge_raw_pytorch", fake)
+    real_check = surface.check
+
+    def check(needed_for):
+        if needed_for == surface.FLAT:
+            raise surface.IncompatibleMergekit("simulated: plan_flat_merge changed")
+        real_check(needed_for)
+
+    monkeypatch.setattr(surface, "check", check)
+    hooks.install_flat()
+    assert fake.plan_flat_merge is original and "simulated: plan_flat_merge changed" in caplog.text
+    monkeypatch.setattr(surface, "check", real_check)
+    hooks.install_flat()
+    hooks.install_flat()  # idempotent
+    assert surface.marked(fake.plan_flat_merge, surface.HOOKED) and surface.unwrapped(fake.plan_flat_merge) is original

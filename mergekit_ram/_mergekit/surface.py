@@ -9,7 +9,9 @@ precisely what changed; `hooks.install` patches nothing the guard rejects.
 
 The private attributes of mergekit's objects are read and written here only
 (`planned`, `replace_planned`), and so are our wrappers' marks and what they wrap
-(`wrap`, `unwrapped`), so a new mergekit means reading one module.
+(`wrap`, `unwrapped`, `plan_as_mergekit`, `plan_flat_as_mergekit`), so a new
+mergekit means reading one module. `mergekit-pytorch`'s names (`FLAT`) are checked
+when its module loads, before its planner is wrapped.
 """
 
 from __future__ import annotations
