@@ -417,8 +417,9 @@ def test_the_wrapped_planner_serves_a_caller_other_than_main(flat_cnn, tmp_path)
     from mergekit_ram._mergekit import surface
 
     assert surface.marked(merge_raw_pytorch.plan_flat_merge, surface.HOOKED)
+    parameters = "r: 0.2\nepsilon:\n  - filter: conv\n    value: 0.0001\n  - value: 0.00001"
     config = merge_raw_pytorch.RawPyTorchMergeConfig.model_validate(
-        yaml.safe_load(flat_config_text(flat_cnn, AGENTS, dtype="float32"))
+        yaml.safe_load(flat_config_text(flat_cnn, AGENTS, dtype="float32", parameters=parameters))
     )
     out = tmp_path / "out"
     planned = merge_raw_pytorch.plan_flat_merge(
@@ -433,7 +434,10 @@ def test_the_wrapped_planner_serves_a_caller_other_than_main(flat_cnn, tmp_path)
     assert all(rhos[flat_cnn.path(a)] is not None for a in AGENTS)
     Executor(planned, math_device="cpu", storage_device="cpu").execute()
     report = read_stats(out)
-    assert report["merge"] == _record(flat_cnn, "safetensors", "float32")
+    record = report["merge"]
+    assert {**record, "config": {**record["config"], "parameters": None}} == _record(flat_cnn, "safetensors", "float32")
+    assert merge_raw_pytorch.RawPyTorchMergeConfig.model_validate(record["config"]) == config  # what verify rebuilds
+    assert report["per_tensor_parameters"] == {"epsilon": [0.0001, 1e-05]} and report["parameters"]["r"] == 0.2
     assert models.load_checkpoint(out).keys() == {*flat_cnn.family.shapes, "bn.num_batches_tracked"}
 
 
