@@ -30,6 +30,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 MERGEKIT_YAML = str(BIN / "mergekit-yaml")
+MERGEKIT_PYTORCH = str(BIN / "mergekit-pytorch")
 LAUNCHER = HERE / "launcher.py"
 RAMPLUS = {"epsilon": 1e-5, "r": 0.1, "alpha": 2.0}
 
@@ -46,7 +47,19 @@ METHODS = {
     "ramplus_r0": ("ramplus r=0 (no pre-pass)", "ramplus", {**RAMPLUS, "r": 0.0}, None),
     "ramplus_stats": ("statistics pass alone (mergekit-ram inspect)", "ramplus", RAMPLUS, None),
     "io_floor": ("I/O floor (read all, write one)", None, None, None),
+    # mergekit-pytorch on the same weights, each model one .safetensors file (a workload without shards)
+    "pytorch_help": ("mergekit-pytorch --help (start-up)", None, None, None),
+    "pytorch_task_arithmetic": ("mergekit-pytorch task_arithmetic", "task_arithmetic", None, {"weight": 1.0}),
+    "pytorch_ramplus_cold": ("mergekit-pytorch ramplus cold", "ramplus", RAMPLUS, None),
+    "pytorch_ramplus_warm": ("mergekit-pytorch ramplus warm (cache)", "ramplus", RAMPLUS, None),
 }
+#: the mergekit-pytorch rows: compared with mergekit-pytorch's task_arithmetic, run only when asked for
+PYTORCH = [m for m in METHODS if m.startswith("pytorch_")]
+DEFAULT_METHODS = [m for m in METHODS if m not in PYTORCH]
+#: start-up rows (no merge), and the cold and warm statistics caches of each door
+STARTUP = ("help", "pytorch_help")
+COLD = ("ramplus_cold", "pytorch_ramplus_cold")
+WARM = ("ramplus_warm", "pytorch_ramplus_warm")
 SCALING_METHODS = ["help", "task_arithmetic", "ramplus_cold", "ramplus_warm", "ramplus_r0"]
 TAIL = 3000
 IDLE = 0.15  # CPU busy fraction below which the machine counts as quiet
@@ -114,6 +127,24 @@ def config(wl: workloads.Workload, merge_method: str, shared: dict | None = None
     return cfg
 
 
+def single_file(folder: Path) -> Path:
+    """The one weight file of a model folder (mergekit-pytorch takes one file per model)."""
+    found = sorted(Path(folder).glob("*.safetensors"))
+    if len(found) != 1:
+        raise ValueError(f"{folder} holds {len(found)} .safetensors files; mergekit-pytorch rows need one per model")
+    return found[0]
+
+
+def flat_config(wl: workloads.Workload, merge_method: str, shared: dict | None = None,
+                per_model: dict | None = None) -> dict:
+    """The mergekit-pytorch config of one method: the same models as `config`, each its single weight file."""
+    cfg = config(wl, merge_method, shared, per_model)
+    cfg["base_model"] = str(single_file(wl.base))
+    for entry, folder in zip(cfg["models"], wl.agents.values(), strict=True):
+        entry["model"] = str(single_file(folder))
+    return cfg
+
+
 class Bench:
     """Runs the methods of one workload; holds its configs, scratch and warm cache."""
 
@@ -126,15 +157,25 @@ class Bench:
         self.configs = {}
         for method, (_, merge_method, shared, per_model) in METHODS.items():
             if merge_method:
+                try:
+                    text = yaml.safe_dump(self.config(merge_method, shared, per_model, flat=method in PYTORCH))
+                except ValueError:
+                    continue  # a sharded workload has no mergekit-pytorch rows
                 self.configs[method] = self.scratch / f"{method}.yaml"
-                self.configs[method].write_text(yaml.safe_dump(self.config(merge_method, shared, per_model)))
+                self.configs[method].write_text(text)
 
-    def config(self, merge_method, shared, per_model) -> dict:
-        return config(self.wl, merge_method, shared, per_model)
+    def config(self, merge_method, shared, per_model, flat: bool = False) -> dict:
+        return (flat_config if flat else config)(self.wl, merge_method, shared, per_model)
 
     def command(self, method: str, out: Path) -> list[str]:
         if method == "help":
             return [MERGEKIT_YAML, "--help"]
+        if method == "pytorch_help":
+            return [MERGEKIT_PYTORCH, "--help"]
+        if method in PYTORCH:
+            if method not in self.configs:
+                raise ValueError(f"{method}: workload {self.name} is sharded; mergekit-pytorch rows need one file per model")
+            return [MERGEKIT_PYTORCH, str(self.configs[method]), str(out), *(["--cuda"] if self.args.cuda else [])]
         if method == "io_floor":
             return [sys.executable, str(HERE / "io_floor.py"), str(out), str(self.wl.base),
                     *map(str, self.wl.agents.values())]
@@ -152,17 +193,17 @@ class Bench:
     def run(self, method: str) -> dict:
         """One timed process in a fresh output folder (and a fresh cache for a cold run)."""
         out = self.output_folder()
-        cache = self.cold_cache if method == "ramplus_cold" else self.warm_cache
-        env = {**os.environ, "MERGEKIT_RAM_CACHE": str(cache) if method in ("ramplus_cold", "ramplus_warm") else "off"}
+        cache = self.cold_cache if method in COLD else self.warm_cache
+        env = {**os.environ, "MERGEKIT_RAM_CACHE": str(cache) if method in COLD + WARM else "off"}
         before = cache_state(self.warm_cache)
         try:
-            limit = self.args.timeout if method not in ("help", "io_floor") else 0
+            limit = self.args.timeout if method not in (*STARTUP, "io_floor") else 0
             result = measure(self.command(method, out), env, limit)
         finally:
             shutil.rmtree(out, ignore_errors=True)
-            if method == "ramplus_cold":
+            if method in COLD:
                 clear_statistics(cache)
-        if method == "ramplus_warm" and result["ok"]:
+        if method in WARM and result["ok"]:
             result["cache_hit"] = bool(before) and cache_state(self.warm_cache) == before
         return result
 
@@ -191,6 +232,8 @@ class Bench:
             self.read_inputs()
         for cache in (self.cold_cache, self.warm_cache):
             build_native({**os.environ, "MERGEKIT_RAM_CACHE": str(cache)})
+        if "pytorch_ramplus_warm" in methods:  # its cache entry too (untimed; a failure shows in its own runs)
+            self.run("pytorch_ramplus_warm")
         prime = "ramplus_warm" if "ramplus_warm" in methods else "help"
         return {"method": prime, **self.run(prime)}
 

@@ -201,9 +201,9 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         out_model = b.output_folder()
-        env = {**os.environ, "MERGEKIT_RAM_CACHE": str(b.cold_cache) if args.method == "ramplus_cold" else "off",
+        env = {**os.environ, "MERGEKIT_RAM_CACHE": str(b.cold_cache) if args.method in measure.COLD else "off",
                **dict(kv.split("=", 1) for kv in args.env)}
-        if args.method == "ramplus_cold":  # compile the native kernel outside the profile, as run.py does
+        if args.method in measure.COLD:  # compile the native kernel outside the profile, as run.py does
             measure.build_native(env)
         merge = b.command(args.method, out_model)
         speedscope = args.out / f"{args.name}.speedscope.json"
@@ -238,7 +238,7 @@ def main(argv=None) -> int:
         (args.out / f"{args.name}.summary.md").write_text(text)
         print(text)
     finally:
-        if args.method == "ramplus_cold":
+        if args.method in measure.COLD:
             measure.clear_statistics(b.cold_cache)
         b.close()
     return 0

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import workloads
-from measure import METHODS, SAMPLE_S
+from measure import METHODS, PYTORCH, SAMPLE_S, STARTUP
 
 NOISY = 1.2  # max/min wall over repeats above which a row is flagged
 
@@ -74,6 +74,9 @@ def workload_markdown(res: dict) -> str:
     s = {m: v["summary"] for m, v in res["methods"].items()}
     startup = s.get("help", {}).get("wall_s") if s.get("help", {}).get("ok") else None
     ta, ram, floor = s.get("task_arithmetic"), s.get("ram"), s.get("io_floor")
+    # mergekit-pytorch rows: against mergekit-pytorch's own start-up and task_arithmetic
+    flat_startup = s.get("pytorch_help", {}).get("wall_s") if s.get("pytorch_help", {}).get("ok") else None
+    flat_ta = s.get("pytorch_task_arithmetic")
     # the I/O-floor and RssAnon columns only where measured (older results.json have neither)
     floor_col = bool(floor and floor["ok"])
     anon_col = any(x.get("rss_anon_gb") is not None for x in s.values())
@@ -92,8 +95,10 @@ def workload_markdown(res: dict) -> str:
             what = f"> {x['timed_out_s']:.0f} (timed out)" if x.get("timed_out_s") else f"**failed**: {x['error']}"
             lines.append(f"| {v['label']} | {what} |" + " — |" * (5 + 2 * anon_col + floor_col))
             continue
-        phase = x["wall_s"] - startup if startup is not None and m not in ("help", "io_floor") else None
-        ratios = (None, None) if m == "help" else (_ratio(x, ta), _ratio(x, ram))
+        flat = m in PYTORCH
+        begin = flat_startup if flat else startup
+        phase = x["wall_s"] - begin if begin is not None and m not in (*STARTUP, "io_floor") else None
+        ratios = (None, None) if m in STARTUP else (_ratio(x, flat_ta if flat else ta), None if flat else _ratio(x, ram))
         notes = [f"{x['failed_runs']} failed"] if x["failed_runs"] else []
         if x.get("invalid_left_out"):
             notes.append(f"median of {x['n']}; {x['invalid_left_out']} disturbed or cache-miss runs left out")
@@ -101,13 +106,17 @@ def workload_markdown(res: dict) -> str:
             notes.append(f"{x['invalid_used']} of {x['n']} disturbed or cache misses")
         failed = f" ({'; '.join(notes)})" if notes else ""
         anon = f" {fmt(x.get('rss_anon_gb'))} | {fmt(x.get('read_gb'), '.1f')} |" if anon_col else ""
-        vs_floor = f" {fmt(None if m == 'help' else _ratio(x, floor), '.2f', '×')} |" if floor_col else ""
+        vs_floor = f" {fmt(None if m in STARTUP else _ratio(x, floor), '.2f', '×')} |" if floor_col else ""
         lines.append(f"| {v['label']} | {x['wall_s']:.2f} | {x['rss_gb']:.2f} |{anon} {fmt(ratios[0], '.2f', '×')} | "
                      f"{fmt(ratios[1], '.2f', '×')} |{vs_floor} {fmt(phase)} | "
                      f"{x['wall_min_s']:.2f}–{x['wall_max_s']:.2f}{failed} |")
     noisy = [f"{res['methods'][m]['label']} ({x['wall_max_s'] / x['wall_min_s']:.2f}×)" for m, x in s.items()
              if x["ok"] and x["wall_max_s"] > NOISY * x["wall_min_s"]]
     lines += ["", targets(s, startup), ""]
+    if any(m in s for m in PYTORCH):
+        lines += [flat_targets(s, flat_startup), "",
+                  "mergekit-pytorch rows: × task_arithmetic is × mergekit-pytorch's task_arithmetic, the merge phase "
+                  "after mergekit-pytorch's start-up; each model is its one .safetensors file.", ""]
     if floor_col and str(res.get("page_cache", "")).startswith("dropped"):
         lines += [floor_targets(s), ""]
     if noisy:
@@ -159,6 +168,27 @@ def targets(s: dict, startup: float | None) -> str:
         r = ties["wall_s"] / cold["wall_s"]
         check("ramplus cold ≥ 3× faster than ties", r >= 3, f"{r:.2f}× wall, {fmt(phase_ratio(ties, cold), '.2f', '×')} merge phase")
     return "Targets: " + "; ".join(out) + "." if out else "Targets: not evaluated."
+
+
+def flat_targets(s: dict, startup: float | None) -> str:
+    """One line: mergekit-pytorch's ramplus against its task_arithmetic (wall ≤ 1.1×, peak RssAnon no higher)."""
+    ta = s.get("pytorch_task_arithmetic")
+    if not (ta and ta["ok"]):
+        return "mergekit-pytorch targets: not evaluated (no mergekit-pytorch task_arithmetic run)."
+    out = []
+    for mid in ("pytorch_ramplus_cold", "pytorch_ramplus_warm"):
+        x = s.get(mid)
+        if not (x and x["ok"]):
+            continue
+        r = x["wall_s"] / ta["wall_s"]
+        phase = None if startup is None or ta["wall_s"] - startup < 0.05 else (x["wall_s"] - startup) / (ta["wall_s"] - startup)
+        out.append(f"{METHODS[mid][0]} ≤ 1.1× its task_arithmetic: {'**met**' if r <= 1.1 else '**MISSED**'} "
+                   f"({r:.2f}× wall, {fmt(phase, '.2f', '×')} merge phase)")
+        if x.get("rss_anon_gb") is not None and ta.get("rss_anon_gb") is not None:
+            ok = x["rss_anon_gb"] <= ta["rss_anon_gb"]
+            out.append(f"its peak RssAnon ≤ task_arithmetic's: {'**met**' if ok else '**MISSED**'} "
+                       f"({x['rss_anon_gb']:.2f} vs {ta['rss_anon_gb']:.2f} GB)")
+    return "mergekit-pytorch targets: " + ("; ".join(out) if out else "not evaluated") + "."
 
 
 def floor_targets(s: dict) -> str:

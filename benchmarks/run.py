@@ -21,7 +21,7 @@ sys.path.insert(0, str(HERE))
 import measure  # noqa: E402
 import report  # noqa: E402
 import workloads  # noqa: E402
-from measure import METHODS, SCALING_METHODS  # noqa: E402
+from measure import DEFAULT_METHODS, METHODS, SCALING_METHODS  # noqa: E402
 
 
 # --------------------------------------------------------------------------- #
@@ -72,7 +72,7 @@ def bench(name: str, methods: list[str], args) -> dict:
     return {
         "workload": b.marker,
         "methods": {m: {"label": METHODS[m][0], "command": b.command(m, Path("OUT")),
-                        "config": b.config(*METHODS[m][1:]) if METHODS[m][1] else None,
+                        "config": b.config(*METHODS[m][1:], flat=m in measure.PYTORCH) if METHODS[m][1] else None,
                         "runs": runs[m], "summary": report.summarize(runs[m])} for m in methods},
         "priming": prime,
         "page_cache": "dropped before every run" if args.drop_cache else "warm (inputs read before every run)",
@@ -95,7 +95,8 @@ def parse(argv=None):
     p.add_argument("--scaling", choices=sorted(workloads.SCALING), help="run a scaling series instead")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--methods", nargs="+", choices=list(METHODS), metavar="METHOD",
-                   help=f"subset of: {', '.join(METHODS)} (default: all; scaling: {' '.join(SCALING_METHODS)})")
+                   help=f"subset of: {', '.join(METHODS)} (default: all but the pytorch_ rows, which need a workload "
+                        f"of single-file models; scaling: {' '.join(SCALING_METHODS)})")
     p.add_argument("--out", type=Path, required=True, help="folder for results.json, results.md and the chart")
     p.add_argument("--root", help="workload folder (default $MERGEKIT_RAM_BENCH_DIR or /tmp/mergekit-ram-bench)")
     p.add_argument("--scratch", help="folder for merge outputs and caches (default: the workload folder)")
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
     if not os.access(measure.MERGEKIT_YAML, os.X_OK):
         sys.exit(f"mergekit-yaml not found next to {sys.executable}")
     names = workloads.SCALING[args.scaling] if args.scaling else [args.workload]
-    methods = args.methods or (SCALING_METHODS if args.scaling else list(METHODS))
+    methods = args.methods or (SCALING_METHODS if args.scaling else DEFAULT_METHODS)
     methods = [m for m in METHODS if m in methods]  # canonical order
     args.scratch = args.scratch or str(workloads.root_dir(args.root))
     Path(args.scratch).mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,8 @@ An entry holds per-tensor, per-agent counts. Its key covers everything that
 changes them: each input's identity (its files, and every file its index names in
 a sub-folder: names, sizes, mtimes, ctimes,
 inodes, safetensors headers and sixteen 64 KiB samples of each weight file; a
-hub snapshot's folder names its revision),
+hub snapshot's folder names its revision; a `mergekit-pytorch` input is one file,
+identified alone: `file_identity`),
 the planned tensors with their inputs, dtype, vocabulary alignment and
 per-tensor epsilon, and the format version. Writes are atomic (temp file +
 rename), so concurrent merges never see half an entry; a corrupt entry, or one
@@ -61,6 +62,25 @@ def folder_identity(path: str) -> dict:
     if parent == "snapshots":  # a Hugging Face hub snapshot: the folder name is the revision
         identity["revision"] = os.path.basename(path)
     return identity
+
+
+def file_identity(path: str) -> dict:
+    """What identifies one weight file (a `mergekit-pytorch` input) without reading its tensors: of the
+    shape of `folder_identity`, whose `files` holds this file alone. A file of another format than
+    safetensors (a PyTorch pickle) has no header to hash: its samples tell it apart.
+    """
+    path = os.path.realpath(path)
+    st = os.stat(path)
+    entry: dict[str, int | str] = {
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "inode": st.st_ino,
+    }
+    if path.endswith(".safetensors"):
+        entry["header_sha256"] = _safetensors_header_hash(path)
+    entry["sample_sha256"] = _sample_hash(path, st.st_size)
+    return {"path": path, "files": {os.path.basename(path): entry}}
 
 
 def indexed_files(path: str) -> set[str]:

@@ -95,6 +95,9 @@ def _inspect_command() -> click.Command:
     @click.option("--alpha", type=float, help="lambda for this alpha instead of the config's")
     @click.option("--lambda-rule", type=click.Choice(params.LAMBDA_RULES), help="lambda rule instead of the config's")
     @click.option("-q", "short_quiet", is_flag=True, help="no progress bar (as --quiet)")
+    @click.option("--tensor-union", "-u", is_flag=True, help="mergekit-pytorch config: as its --tensor-union")
+    @click.option("--tensor-intersection", "-i", is_flag=True,
+                  help="mergekit-pytorch config: as its --tensor-intersection")  # fmt: skip
     @add_merge_options
     def inspect(merge_options: Any, short_quiet: bool, **kwargs: Any) -> None:
         if short_quiet:
@@ -112,6 +115,8 @@ def _inspect(
     r: float | None,
     alpha: float | None,
     lambda_rule: str | None,
+    tensor_union: bool = False,
+    tensor_intersection: bool = False,
 ) -> None:
     import logging
 
@@ -119,8 +124,6 @@ def _inspect(
 
     levels = {0: logging.WARNING, 1: logging.INFO}
     logging.basicConfig(level=levels.get(options.verbosity, logging.DEBUG), format="%(levelname)s: %(message)s")
-    from mergekit.config import MergeConfiguration
-
     from mergekit_ram import params, report, tables
     from mergekit_ram._mergekit import inspection
 
@@ -130,9 +133,11 @@ def _inspect(
         if value is not None:
             params.check(name, value, label=f"--{name}")
     options.apply_global_options()
-    merge_config = MergeConfiguration.model_validate(yaml.safe_load(config.read_text(encoding="utf-8")))
+    merge_config = inspection.config_of(yaml.safe_load(config.read_text(encoding="utf-8")))  # or mergekit-pytorch's
     try:
-        done = inspection.inspect(merge_config, options)
+        done = inspection.inspect(
+            merge_config, options, tensor_union=tensor_union, tensor_intersection=tensor_intersection
+        )
     except inspection.InputError as error:
         raise _InputError(str(error)) from error
     assert done.report is not None and done.stats is not None

@@ -16,8 +16,8 @@ LOG = logging.getLogger("mergekit_ram")
 def check_config(config: Any, *, parameters: bool = True) -> None:
     """Plan-time errors for what RAM+ cannot honour or would silently ignore."""
     bases = {config.base_model} if config.base_model else set()
-    slices = list(config.slices or [])
-    for module in (config.modules or {}).values():
+    slices = list(getattr(config, "slices", None) or [])  # a mergekit-pytorch config has no slices or modules
+    for module in (getattr(config, "modules", None) or {}).values():
         slices.extend(module.slices or [])
     bases.update(s.base_model for s in slices if s.base_model is not None)
     if not bases:
@@ -36,10 +36,11 @@ def _check_parameter_names(config: Any) -> None:
     places: list[tuple[str, dict | None, bool]] = [("parameters", config.parameters, True)]
     for i, m in enumerate(config.models or []):
         places.append((f"models[{i}] ({m.model}).parameters", m.parameters, False))
-    groups = [("", config.slices or [])] + [
-        (f"modules.{name}.", module.slices or []) for name, module in (config.modules or {}).items()
+    modules = getattr(config, "modules", None) or {}
+    groups = [("", getattr(config, "slices", None) or [])] + [
+        (f"modules.{name}.", module.slices or []) for name, module in modules.items()
     ]
-    for name, module in (config.modules or {}).items():
+    for name, module in modules.items():
         places.append((f"modules.{name}.parameters", module.parameters, True))
         for i, m in enumerate(module.models or []):
             places.append((f"modules.{name}.models[{i}] ({m.model}).parameters", m.parameters, False))

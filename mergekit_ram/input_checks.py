@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,15 +30,37 @@ def check_input_files(config: Any) -> None:
             check_pickle(pickle)
 
 
+def check_input_file(path: str) -> None:
+    """One input file of `mergekit-pytorch` (a model is one file there): it exists and is a file, a
+    safetensors file safetensors opens, or a PyTorch pickle that holds tensors only (`check_pickle`)."""
+    if not os.path.exists(path):
+        raise ValueError(f"input file {path} does not exist")
+    if os.path.isdir(path):
+        raise ValueError(
+            f"input {path} is a folder: mergekit-pytorch merges single files (.safetensors or a PyTorch "
+            "checkpoint); merge model folders with mergekit-yaml"
+        )
+    if path.lower().endswith(".safetensors"):
+        files.check_safetensors(path)
+    else:
+        check_pickle(path)
+
+
 def check_pickle(file: str) -> None:
-    """A .bin checkpoint is a pickle: refuse one that names anything but tensors, without unpickling it.
+    """A .bin/.pt checkpoint is a pickle: refuse one that names anything but tensors, without running its code.
 
     mergekit itself loads such files with `weights_only=True` (or its restricted lazy
     unpickler); this says which file and why, before mergekit's bare unpickling error.
+    A zip checkpoint (torch.save's format) is read for the names it refers to without
+    unpickling; an older, non-zip one is loaded by torch's weights-only unpickler onto the
+    meta device, which refuses anything but tensors without running it.
     """
     try:
         from torch.serialization import get_unsafe_globals_in_checkpoint
     except ImportError:  # older torch: mergekit's weights_only loading still protects
+        return
+    if not zipfile.is_zipfile(file):
+        _check_legacy_pickle(file)
         return
     try:
         unsafe = get_unsafe_globals_in_checkpoint(file)
@@ -48,6 +71,23 @@ def check_pickle(file: str) -> None:
             f"input file {file} is a pickle that refers to {', '.join(unsafe)}: unpickling it could run code, "
             "so it is not loaded (mergekit loads weights only). Convert the model to safetensors."
         )
+
+
+def _check_legacy_pickle(file: str) -> None:
+    import pickle
+
+    import torch
+
+    try:
+        torch.load(file, map_location="meta", weights_only=True)
+    except pickle.UnpicklingError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"input file {file} is a pickle that holds more than tensors ({first}): unpickling it could run code, "
+            "so it is not loaded (mergekit loads weights only). Convert the model to safetensors."
+        ) from error
+    except Exception as error:
+        raise ValueError(f"input file {file} is not a readable PyTorch checkpoint: {error}") from error
 
 
 def _safetensors_files(path: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""Where a `ramplus` merge writes: never into an input model, a config mergekit can write into
+"""Where a `ramplus` merge writes: never into an input model (for `mergekit-pytorch`, whose inputs
+are files: never into the folder holding an input file), a config mergekit can write into
 the model card, and an output folder that ends up holding this merge's weights alone.
 
 Output folder policy: when a `ramplus` merge finishes, the weight files and indexes that an
@@ -38,6 +39,26 @@ def check_output(config: Any, out_path: str) -> None:
                     f"output folder {out_path} is inside the input model {model}; "
                     "the merge would overwrite it. Choose another output folder."
                 )
+
+
+def check_output_files(inputs: list[str], out_path: str) -> None:
+    """`mergekit-pytorch`, whose inputs are files: refuse an output folder that is an input file, or the folder
+    holding one (the merge writes `model.safetensors` and `ram_stats.json` there, could overwrite an input of
+    that name, and would remove an earlier merge's weight files there). A new folder inside it, or one that
+    holds input folders further down, is allowed: nothing is written beside an input."""
+    out = os.path.realpath(out_path)
+    for path in inputs:
+        if not os.path.exists(path):
+            continue  # the input checks name it
+        beside = {os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.dirname(os.path.realpath(path))}
+        if out == os.path.realpath(path):
+            raise ValueError(f"output folder {out_path} is the input file {path}. Choose another output folder.")
+        if out in beside:
+            raise ValueError(
+                f"output folder {out_path} is the folder of the input file {path}; the merge would write its "
+                "weight files beside the inputs (and over one named like them). Choose another output folder, "
+                "for example a new folder inside it."
+            )
 
 
 def check_config_serialisable(config: Any) -> None:

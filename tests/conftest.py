@@ -92,6 +92,41 @@ def qwen_fp32(tmp_path_factory) -> Written:
 
 
 @dataclass
+class Flat:
+    """A policy family as single files for `mergekit-pytorch`: fmt ("safetensors", "pt") -> member -> file."""
+
+    family: models.Family
+    files: Dict[str, Dict[str, Path]]
+    extra: Dict[str, torch.Tensor] = field(default_factory=dict)  # non-float buffers in every file
+
+    def path(self, who: str, fmt: str = "safetensors") -> str:
+        return str(self.files[fmt][who])
+
+    def stored(self, who: str, fmt: str = "safetensors") -> Dict[str, torch.Tensor]:
+        return models.load_flat(self.files[fmt][who])
+
+
+def _flat(root: Path, family: models.Family, extra: Optional[Dict[str, torch.Tensor]] = None) -> Flat:
+    files = {fmt: models.write_flat(root / fmt, family, fmt=fmt, extra=extra) for fmt in ("safetensors", "pt")}
+    return Flat(family, files, dict(extra or {}))
+
+
+@pytest.fixture(scope="session")
+def flat_mlp(tmp_path_factory) -> Flat:
+    """An MLP actor-critic (pi.*, v.*, log_std), bfloat16: base, A, B, C as .safetensors and as .pt files."""
+    fam = models.Family("mlp", tied=False, dtype=torch.bfloat16, seed=11, shapes=models.MLP_SHAPES)
+    return _flat(tmp_path_factory.mktemp("flat_mlp"), fam)
+
+
+@pytest.fixture(scope="session")
+def flat_cnn(tmp_path_factory) -> Flat:
+    """A small CNN (4-D conv weights, batch norm with an int64 `num_batches_tracked`), float32: base, A, B, C
+    as .safetensors and as .pt files."""
+    fam = models.Family("cnn", tied=False, dtype=torch.float32, seed=12, shapes=models.CNN_SHAPES)
+    return _flat(tmp_path_factory.mktemp("flat_cnn"), fam, {"bn.num_batches_tracked": torch.tensor(1000)})
+
+
+@dataclass
 class MergeRun:
     out: Path
     tensors: Dict[str, torch.Tensor]

@@ -214,6 +214,55 @@ def validate_schema(report: dict, *, counted: bool = True) -> None:
 # ---------------------------------------------------------------- ram_stats.json
 
 
+# ---------------------------------------------------------------- mergekit-pytorch (single files)
+
+
+def flat_config_text(
+    flat,
+    agents: Sequence[str],
+    *,
+    fmt: str = "safetensors",
+    method: str = "ramplus",
+    dtype: Optional[str] = None,
+    out_dtype: Optional[str] = None,
+    parameters: str = "",
+    paths: Optional[Dict[str, str]] = None,
+) -> str:
+    """A mergekit-pytorch config (models are files) with absolute paths; `paths` overrides a member's file."""
+    where = lambda who: (paths or {}).get(who) or flat.path(who, fmt)  # noqa: E731
+    lines = [f"merge_method: {method}", f"base_model: {where('base')}", "models:"]
+    lines += [f"  - model: {where(a)}" for a in agents]
+    if dtype:
+        lines.append(f"dtype: {dtype}")
+    if out_dtype:
+        lines.append(f"out_dtype: {out_dtype}")
+    if parameters:
+        lines.append("parameters:")
+        lines.extend(f"  {line}" for line in parameters.strip().splitlines())
+    return "\n".join(lines) + "\n"
+
+
+def run_flat(text: str, out: Path, *flags: str) -> Dict[str, torch.Tensor]:
+    """`mergekit-pytorch CONFIG OUT FLAGS` in this process (mergekit's own `main`, which calls the wrapped
+    planner); returns the written tensors."""
+    from mergekit.scripts import merge_raw_pytorch
+
+    config = out.parent / f"{out.name}.yaml"
+    config.write_text(text, encoding="utf-8")
+    merge_raw_pytorch.main.main([str(config), str(out), "--quiet", *flags], standalone_mode=False)
+    return models.load_checkpoint(out)
+
+
+def differing(out: Dict[str, torch.Tensor], ref: Dict[str, torch.Tensor]) -> Dict[str, int]:
+    """tensor -> how many entries differ from the float64 reference rounded once to the output's dtype."""
+    assert set(out) == set(ref), sorted(set(out) ^ set(ref))
+    found = {}
+    for name, tensor in out.items():
+        assert tensor.shape == ref[name].shape, name
+        found[name] = int((tensor != ref[name].to(tensor.dtype)).sum())
+    return {k: v for k, v in found.items() if v}
+
+
 # ---------------------------------------------------------------- planned tasks
 
 

@@ -122,13 +122,45 @@ def make_config(arch: str, tied: bool, dtype: torch.dtype):
     return cfg
 
 
+#: Policy networks that are no transformers, for `mergekit-pytorch` (single files): an MLP actor-critic
+#: (Stable-Baselines-like names) and a small CNN (4-D conv weights, batch-norm statistics).
+MLP_SHAPES: Dict[str, Tuple[int, ...]] = {
+    "pi.0.weight": (32, 12),
+    "pi.0.bias": (32,),
+    "pi.2.weight": (32, 32),
+    "pi.2.bias": (32,),
+    "pi.4.weight": (4, 32),
+    "pi.4.bias": (4,),
+    "v.0.weight": (32, 12),
+    "v.0.bias": (32,),
+    "v.2.weight": (1, 32),
+    "v.2.bias": (1,),
+    "log_std": (4,),
+}
+CNN_SHAPES: Dict[str, Tuple[int, ...]] = {
+    "conv1.weight": (8, 3, 3, 3),
+    "conv1.bias": (8,),
+    "conv2.weight": (16, 8, 3, 3),
+    "conv2.bias": (16,),
+    "bn.weight": (16,),
+    "bn.bias": (16,),
+    "bn.running_mean": (16,),
+    "bn.running_var": (16,),
+    "fc.weight": (6, 64),
+    "fc.bias": (6,),
+}
+
+
 class Family:
     """A base model and agents A..E (see REGIONS; C has no unique entry among A, B,
-    C) and Z (identical to the base), all as in-memory state dicts, plus the regions."""
+    C) and Z (identical to the base), all as in-memory state dicts, plus the regions.
+    `shapes`: other tensors than the tiny transformer's (`MLP_SHAPES`, `CNN_SHAPES`)."""
 
-    def __init__(self, arch: str, tied: bool, dtype: torch.dtype, seed: int):
+    def __init__(
+        self, arch: str, tied: bool, dtype: torch.dtype, seed: int, shapes: Optional[Mapping[str, Tuple[int, ...]]] = None
+    ):
         self.arch, self.tied, self.dtype = arch, tied, dtype
-        self.shapes = tensor_shapes(arch, tied)
+        self.shapes = dict(shapes) if shapes is not None else tensor_shapes(arch, tied)
         gen = torch.Generator().manual_seed(seed)
         self.regions: Dict[str, Dict[str, torch.Tensor]] = {}
         base: Dict[str, torch.Tensor] = {}
@@ -279,6 +311,37 @@ def write_family(
         n = (shards or {}).get(name, 1)
         paths[name] = write_checkpoint(Path(root) / name, config, family.state_dict(name), shards=n).resolve()
     return paths
+
+
+def write_flat(
+    root: Path,
+    family: Family,
+    who: Iterable[str] = ("base", "A", "B", "C"),
+    *,
+    fmt: str = "safetensors",
+    extra: Optional[Mapping[str, torch.Tensor]] = None,
+) -> Dict[str, Path]:
+    """One file per member, as `mergekit-pytorch` takes them: root/<name>.safetensors, or a weights-only
+    PyTorch pickle root/<name>.pt (`torch.save(state_dict)`); `extra` tensors (buffers) in every file."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name in who:
+        tensors = {**{k: v.contiguous() for k, v in family.state_dict(name).items()}, **dict(extra or {})}
+        path = root / f"{name}.{'safetensors' if fmt == 'safetensors' else 'pt'}"
+        if fmt == "safetensors":
+            save_file(tensors, str(path))
+        else:
+            torch.save(tensors, str(path))
+        paths[name] = path.resolve()
+    return paths
+
+
+def load_flat(path: Path) -> Dict[str, torch.Tensor]:
+    """Every tensor of a single weight file (safetensors or a PyTorch pickle)."""
+    if str(path).endswith(".safetensors"):
+        return load_file(str(path))
+    return torch.load(str(path), weights_only=True)
 
 
 def load_checkpoint(path: Path) -> Dict[str, torch.Tensor]:

@@ -216,6 +216,27 @@ def test_report_targets_variants(report):
     assert report.floor_targets(s(io_floor=2.0)) == "I/O-floor targets (page cache dropped): not evaluated."
 
 
+def test_report_mergekit_pytorch_rows_compare_with_their_own_task_arithmetic(report):
+    runs = {
+        "help": [_run(4.0)],
+        "task_arithmetic": [_run(10.0)],
+        "pytorch_help": [_run(3.0)],
+        "pytorch_task_arithmetic": [_run(8.0, anon_kib=900_000)],
+        "pytorch_ramplus_cold": [_run(8.4, anon_kib=700_000)],
+        "pytorch_ramplus_warm": [_run(9.6, anon_kib=700_000)],
+    }
+    lines = report.workload_markdown(_workload(report, runs)).splitlines()
+    assert "| mergekit-pytorch task_arithmetic | 8.00 | 1.02 | 0.92 | 0.1 | 1.00× | — | 5.00 | 8.00–8.00 |" in lines
+    assert "| mergekit-pytorch ramplus cold | 8.40 | 1.02 | 0.72 | 0.1 | 1.05× | — | 5.40 | 8.40–8.40 |" in lines
+    assert "| mergekit-pytorch --help (start-up) | 3.00 | 1.02 | 0.51 | 0.1 | — | — | — | 3.00–3.00 |" in lines
+    assert ("mergekit-pytorch targets: mergekit-pytorch ramplus cold ≤ 1.1× its task_arithmetic: **met** (1.05× wall, "
+            "1.08× merge phase); its peak RssAnon ≤ task_arithmetic's: **met** (0.72 vs 0.92 GB); mergekit-pytorch "
+            "ramplus warm (cache) ≤ 1.1× its task_arithmetic: **MISSED** (1.20× wall, 1.32× merge phase); its peak "
+            "RssAnon ≤ task_arithmetic's: **met** (0.72 vs 0.92 GB).") in lines
+    assert report.flat_targets({}, None) == (
+        "mergekit-pytorch targets: not evaluated (no mergekit-pytorch task_arithmetic run).")
+
+
 def test_report_reads_older_results(report):
     """results.json from before RssAnon sampling and the I/O floor: the table of that time, no new columns."""
     walls = {"help": 4.0, "task_arithmetic": 8.0}

@@ -127,7 +127,7 @@ def test_a_cache_entry_must_name_these_agents_and_only_planned_tensors(caplog):
 
 def test_no_cache_key_when_the_cache_is_off(qwen_bf16, monkeypatch):
     monkeypatch.setenv("MERGEKIT_RAM_CACHE", "off")
-    found = [t for _, t in tasks.planned(planner_of(config_text(qwen_bf16, "AB")), resolves_to_ours)]
+    found = [t for _, t in tasks.planned(tasks.of_planner(planner_of(config_text(qwen_bf16, "AB"))), resolves_to_ours)]
     assert counting.cache_key(found, {}) is None
 
 
@@ -135,7 +135,7 @@ def test_the_cache_key_follows_counts_not_the_device(qwen_bf16, monkeypatch, tmp
     monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(tmp_path / "cache"))
 
     def key(text: str, **options) -> str | None:
-        found = [t for _, t in tasks.planned(planner_of(text, **options), resolves_to_ours)]
+        found = [t for _, t in tasks.planned(tasks.of_planner(planner_of(text, **options)), resolves_to_ours)]
         seen: dict[str, dict] = {}
         digest = counting.cache_key(found, seen)
         assert set(seen) == {qwen_bf16.path(m) for m in ("base", "A", "B")}  # each folder identified once
@@ -153,7 +153,7 @@ def test_the_cache_key_follows_counts_not_the_device(qwen_bf16, monkeypatch, tmp
 
 def test_counted_then_from_the_cache_then_not_computed(qwen_bf16, monkeypatch, tmp_path):
     monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(tmp_path / "cache"))
-    found = [t for _, t in tasks.planned(planner_of(config_text(qwen_bf16, "AB")), resolves_to_ours)]
+    found = [t for _, t in tasks.planned(tasks.of_planner(planner_of(config_text(qwen_bf16, "AB"))), resolves_to_ours)]
     assert counting.statistics_of(QUIET, found, {}, compute=False) == (None, "not computed")
     counted, source = counting.statistics_of(QUIET, found, {}, compute=True)
     assert source == "computed" and counted is not None

@@ -25,6 +25,7 @@ PRIVATE = (
     "mergekit.architecture.conversion",
     "mergekit.multigpu_executor",
     "mergekit.merge_methods.task_adapter",
+    "mergekit.scripts",
 )
 ENTRY_POINTS = {"mergekit_ram", "mergekit_ram.cli"}
 PACKAGES = {"mergekit_ram", "mergekit_ram._mergekit"}

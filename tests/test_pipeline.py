@@ -13,7 +13,7 @@ import pytest
 
 from helpers import config_text, planner_of, validate_schema
 from mergekit_ram import config_checks, report
-from mergekit_ram._mergekit import pipeline, surface
+from mergekit_ram._mergekit import pipeline, surface, tasks
 from mergekit_ram.session import MergeSession
 
 
@@ -41,7 +41,7 @@ def test_the_config_is_checked_once_per_session(monkeypatch):
 def test_a_merge_counts_and_injects_rho_where_needed(qwen_bf16, capsys):
     planner = planner_of(config_text(qwen_bf16, "AB", model_parameters={"B": "rho: 0.5"}), quiet=False)
     current = MergeSession(config=planner.config)
-    pipeline.prepare(planner, current)
+    pipeline.prepare(tasks.of_planner(planner), current)
     assert current.source == "computed" and current.stats is not None
     a = qwen_bf16.path("A")
     counted = current.stats.totals()[a].rho
@@ -56,7 +56,7 @@ def test_a_merge_without_need_for_rho_counts_nothing(qwen_bf16, capsys, caplog):
     planner = planner_of(config_text(qwen_bf16, "AB", parameters="r: 0"), quiet=False)
     current = MergeSession(config=planner.config)
     caplog.set_level("INFO", logger="mergekit_ram")
-    pipeline.prepare(planner, current)
+    pipeline.prepare(tasks.of_planner(planner), current)
     assert (current.stats, current.source) == (None, "not computed")
     assert all(set(rho.values()) == {None} for rho in _rho_given(planner).values())
     assert current.report is not None and current.report["statistics"] == "not computed"
@@ -67,7 +67,7 @@ def test_a_merge_without_need_for_rho_counts_nothing(qwen_bf16, capsys, caplog):
 def test_inspect_mode_counts_always_and_changes_no_task(qwen_bf16, capsys):
     planner = planner_of(config_text(qwen_bf16, "AB", parameters="r: 0"), quiet=False)
     current = MergeSession(config=planner.config, mode="inspect")
-    pipeline.prepare(planner, current)
+    pipeline.prepare(tasks.of_planner(planner), current)
     assert current.source == "computed" and current.stats is not None  # r = 0: inspect counts anyway
     assert all(set(rho.values()) == {None} for rho in _rho_given(planner).values())
     assert "RAM+ statistics (" not in capsys.readouterr().err  # its bar only: inspect prints its own table
@@ -79,7 +79,7 @@ def test_another_methods_plan_is_left_alone(qwen_bf16):
     planner = planner_of(text)
     before = list(surface.planned(planner))
     current = MergeSession(config=planner.config)
-    pipeline.prepare(planner, current)
+    pipeline.prepare(tasks.of_planner(planner), current)
     assert current.report is None and current.stats is None and current.planned == []
     assert list(surface.planned(planner)) == before
 
@@ -91,7 +91,7 @@ def test_statistics_are_queued_after_the_model(qwen_bf16, tmp_path):
 
     planner = planner_of(config_text(qwen_bf16, "AB"))
     current = MergeSession(config=planner.config, in_run_merge=True)
-    pipeline.prepare(planner, current)
+    pipeline.prepare(tasks.of_planner(planner), current)
     assert current.report is not None
     pipeline.queue_statistics(current, [], str(tmp_path))
     assert current.pending == [(str(tmp_path), report.dumps(current.report))]

@@ -25,7 +25,7 @@ def planned(qwen_bf16):
     """A planner of base + A, B (B with rho given), planned by mergekit alone, and its ramplus tasks."""
     text = config_text(qwen_bf16, "AB", out_dtype="float32", model_parameters={"B": "rho: 0.5"})
     planner = planner_of(text)
-    return planner, tasks.planned(planner, resolves_to_ours)
+    return planner, tasks.planned(tasks.of_planner(planner), resolves_to_ours)
 
 
 # ---------------------------------------------------------------- plain data
@@ -101,7 +101,7 @@ def test_a_tie_to_an_unplanned_tensor_or_to_itself_is_no_copy():
 def test_planned_keeps_only_our_method_in_planning_order(planned):
     planner, found = planned
     assert [i for i, _ in found] == list(range(len(surface.planned(planner))))
-    assert tasks.planned(planner, lambda name: False) == []
+    assert tasks.planned(tasks.of_planner(planner), lambda name: False) == []
 
 
 def test_summary_and_who_needs_rho(planned, qwen_bf16):
@@ -118,9 +118,9 @@ def test_summary_and_who_needs_rho(planned, qwen_bf16):
 
 
 def test_stored_row_reads_headers_once(planned, qwen_bf16):
-    _, found = planned
+    planner, found = planned
     headers: dict = {}
-    rows = [tasks.stored_row(task, headers) for _, task in found]
+    rows = [tasks.of_planner(planner).stored_row(task, headers) for _, task in found]
     assert len(headers) == 3  # one file per model, read once for every tensor
     name, base, vocabulary, stored = rows[0]
     assert name == "model.embed_tokens.weight" and base == qwen_bf16.path("base") and vocabulary
@@ -135,7 +135,7 @@ def test_stored_row_reads_headers_once(planned, qwen_bf16):
 def test_round_once_gives_each_task_the_dtype_it_is_written_in(planned):
     planner, found = planned
     assert all(task.out_dtype is None for _, task in found)
-    rounded = tasks.round_once_to_out_dtype(planner, found)
+    rounded = tasks.round_once_to_out_dtype(tasks.of_planner(planner), found)
     assert all(task.out_dtype == "float32" for _, task in rounded)
     assert [task for _, task in surface.planned(planner)] == [task for _, task in rounded]
 
@@ -146,7 +146,7 @@ def test_inject_writes_rho_only_where_needed(planned, qwen_bf16):
     first = found[0][1].output_weight.name
     stats = statistics.Statistics([a, b], [statistics.TensorCounts(first, 10, {a: (5, 2, 0), b: (5, 4, 0)})])
     needs = tasks.needing_rho([t for _, t in found])
-    tasks.inject(planner, found, stats, needs, {})
+    tasks.inject(tasks.of_planner(planner), found, stats, needs, {})
     after = [task for _, task in surface.planned(planner)]
     assert [t.output_weight.name for t in after] == [t.output_weight.name for _, t in found]
     for task in after:
@@ -162,7 +162,7 @@ def test_inject_writes_nothing_for_agents_with_rho_given_or_r_zero(planned, qwen
     a, b = qwen_bf16.path("A"), qwen_bf16.path("B")
     first = found[0][1].output_weight.name
     stats = statistics.Statistics([a, b], [statistics.TensorCounts(first, 10, {a: (5, 2, 0), b: (5, 4, 0)})])
-    tasks.inject(planner, found, stats, set(), {})  # nobody needs a counted rho
+    tasks.inject(tasks.of_planner(planner), found, stats, set(), {})  # nobody needs a counted rho
     for _, task in surface.planned(planner):
         assert {str(m): dict(p.items()).get("rho") for m, p in task.input_parameters.items()} == {
             qwen_bf16.path("base"): None,
@@ -179,7 +179,7 @@ def test_inject_gives_a_tied_copy_the_rho_of_its_target(planned, qwen_bf16):
         [a, b],
         [statistics.TensorCounts(target, 10, {a: (4, 1, 0), b: (2, 2, 0)})],
     )
-    tasks.inject(planner, found, stats, {m for m in found[0][1].model_order if str(m) == a}, {copy: target})
+    tasks.inject(tasks.of_planner(planner), found, stats, {m for m in found[0][1].model_order if str(m) == a}, {copy: target})
     rho = {task.output_weight.name: task.input_parameters for _, task in surface.planned(planner)}
     for model, params in rho[copy].items():
         if str(model) == a:
@@ -188,7 +188,7 @@ def test_inject_gives_a_tied_copy_the_rho_of_its_target(planned, qwen_bf16):
 
 def test_inject_per_layer_rho_follows_each_tensor_to_its_layer(qwen_bf16):
     planner = planner_of(config_text(qwen_bf16, "AB", parameters="rho_scope: layer"))
-    found = tasks.planned(planner, resolves_to_ours)
+    found = tasks.planned(tasks.of_planner(planner), resolves_to_ours)
     a, b = qwen_bf16.path("A"), qwen_bf16.path("B")
     names = [task.output_weight.name for _, task in found]
     layer0 = next(n for n in names if n.startswith("model.layers.0."))
@@ -200,7 +200,7 @@ def test_inject_per_layer_rho_follows_each_tensor_to_its_layer(qwen_bf16):
             statistics.TensorCounts(layer1, 10, {a: (5, 1, 0), b: (1, 1, 0)}),
         ],
     )
-    tasks.inject(planner, found, stats, set(found[0][1].model_order) - {found[0][1].base_model}, {})
+    tasks.inject(tasks.of_planner(planner), found, stats, set(found[0][1].model_order) - {found[0][1].base_model}, {})
     given = {
         task.output_weight.name: {str(m): dict(p.items()).get("rho") for m, p in task.input_parameters.items()}
         for _, task in surface.planned(planner)

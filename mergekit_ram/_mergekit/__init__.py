@@ -9,10 +9,13 @@ subpackage hooks in from outside:
   checks them all before anything is patched;
 - `hooks`: the wrapped mergekit functions (`MergePlanner._plan`,
   `MergePlanner.plan_to_disk`, `mergekit.merge.run_merge`,
-  `mergekit.merge.generate_card`), each a thin call into `pipeline`;
+  `mergekit.merge.generate_card`, and `mergekit-pytorch`'s `plan_flat_merge`),
+  each a thin call into `pipeline`;
 - `pipeline`: the merge pipeline on mergekit's planned tasks (checks, count or
-  cache, inject rho, report, write), for `mergekit-yaml` and `inspect` alike;
-- `tasks`: mergekit's planned tasks as plain data, and rho written back into them;
+  cache, inject rho, report, write), for `mergekit-yaml`, `mergekit-pytorch` and
+  `inspect` alike;
+- `tasks`: mergekit's planned tasks as plain data (a `Plan` of either door), and
+  rho written back into them;
 - `counting`: the statistics pass on mergekit's executors, and its cache;
 - `inspection`: `mergekit-ram inspect`, downhill: mergekit's own planning, then `pipeline`;
 - `loading`: linear-time tensor loading during `ramplus` merges and `inspect`

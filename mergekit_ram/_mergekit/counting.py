@@ -5,14 +5,15 @@ run (dtype, vocabulary alignment, device), the same per-tensor epsilon and the k
 mask (`CountTask`), on the executor mergekit itself would use: by default slice by slice in
 the reverse of the merge's order (`run_reversed`), in the merge's order with
 `MERGEKIT_RAM_STATS_ORDER=forward`, on every GPU with `--multi-gpu`. The cache key names
-each input folder's identity (read once per pass) and every planned task as plain data.
+each input's identity (its folder's, or its file's for `mergekit-pytorch`: the plan's `identify`,
+read once per pass) and every planned task as plain data.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from mergekit.graph import Task
@@ -26,13 +27,18 @@ LOG = logging.getLogger("mergekit_ram")
 SLICES = 64
 
 
+#: model -> what identifies its weights (`Plan.identity`)
+Identify = Callable[[Any], dict]
+
+
 def statistics_of(
-    options: Any, tasks: list[Any], seen: dict[str, dict], *, compute: bool
+    options: Any, tasks: list[Any], seen: dict[str, dict], *, compute: bool, identify: Identify | None = None
 ) -> tuple[statistics.Statistics | None, str]:
     """The counts of `tasks` and where they come from: "cache", "computed", or "not computed" (not in
-    the cache, and `compute` is false). `seen`: the input folders' identities, read once."""
+    the cache, and `compute` is false). `seen`: the inputs' identities, read once (`identify`; default: the
+    model's folder)."""
     agents = [str(m) for m in planned_tasks.agents(tasks[0])]
-    digest = cache_key(tasks, seen)
+    digest = cache_key(tasks, seen, identify)
     entry = cache.load(digest) if digest else None
     if digest and entry is not None and covers(entry, agents, tasks):
         LOG.info("ramplus: statistics from cache %s (no tensor read)", digest[:12])
@@ -55,7 +61,7 @@ def covers(entry: dict, agents: list[str], tasks: list[Any]) -> bool:
     return False
 
 
-def cache_key(tasks: list[Any], seen: dict[str, dict]) -> str | None:
+def cache_key(tasks: list[Any], seen: dict[str, dict], identify: Identify | None = None) -> str | None:
     """The cache key of counting `tasks` (None: the cache is off, or an input cannot be identified)."""
     if cache.directory() is None:
         return None
@@ -63,7 +69,7 @@ def cache_key(tasks: list[Any], seen: dict[str, dict]) -> str | None:
         models = {m for t in tasks for m in t.model_order}
         parts = {
             "kernel": "active=|tau|>eps; tau in float32 (float64 for float64 inputs)",
-            "models": {str(m): folder_identity(m, seen) for m in sorted(models, key=str)},
+            "models": {str(m): identity(m, seen, identify) for m in sorted(models, key=str)},
             "tensors": [
                 [
                     t.output_weight.name,
@@ -82,13 +88,18 @@ def cache_key(tasks: list[Any], seen: dict[str, dict]) -> str | None:
         return None
 
 
-def folder_identity(model: Any, seen: dict[str, dict]) -> dict:
-    """The identity of `model`'s folder (`cache.folder_identity`), read once per statistics pass (`seen`)."""
+def identity(model: Any, seen: dict[str, dict], identify: Identify | None = None) -> dict:
+    """The identity of `model` (`identify`; default: its folder's, `cache.folder_identity`), read once per
+    statistics pass (`seen`)."""
     if str(model) not in seen:
-        from mergekit.io.tasks import LoaderCache
-
-        seen[str(model)] = cache.folder_identity(LoaderCache().get(model).index.base_path)
+        seen[str(model)] = (identify or _folder)(model)
     return seen[str(model)]
+
+
+def _folder(model: Any) -> dict:
+    from mergekit.io.tasks import LoaderCache
+
+    return cache.folder_identity(LoaderCache().get(model).index.base_path)
 
 
 def count(options: Any, tasks: list[Any]) -> list[statistics.TensorCounts]:
@@ -176,6 +187,7 @@ class CountTask(Task[statistics.TensorCounts | None]):
         get(task.method_name).validate_inputs([e.id for e in entries], task.base_model, group_name=name)
         if not all(e.tensor.is_floating_point() for e in entries):
             return None  # buffers are copied, never merged: not counted
+        _check_shapes(entries, task.output_weight, task.base_model)
         group = TensorGroup(entries=entries, metadata=TensorMetadata.from_weight_info(task.output_weight))
         group.validate_tensors()
         group = align_dtype(group, dtype_from_name(task.dtype))
@@ -190,23 +202,50 @@ class CountTask(Task[statistics.TensorCounts | None]):
             tensor_name=name,
             base_name=str(task.base_model),
         )
+        counts = dict(zip(labels, map(tuple, found.counts.tolist()), strict=True))
+        every = [str(m) for m in planned_tasks.agents(task)]  # an agent without this tensor left it unchanged
         return statistics.TensorCounts(
             name,
             group.base.tensor.numel(),
-            dict(zip(labels, map(tuple, found.counts.tolist()), strict=True)),
+            {a: counts.get(a, (0, 0, 0)) for a in every},
             epsilon,
-            diagnostics(labels, found),
+            diagnostics(labels, found, every),
         )
 
 
-def diagnostics(labels: Sequence[str], found: kernel.Diagnosis) -> statistics.Diagnostics:
-    """The kernel's diagnostics of one tensor (agents in `labels` order) as `statistics.Diagnostics`."""
+def _check_shapes(entries: Sequence[Any], weight: Any, base_model: Any) -> None:
+    """A shape mismatch named by model and tensor (mergekit names neither model; a safetensors input's shapes
+    were checked from its header already, a PyTorch pickle's are seen here first)."""
+    if getattr(weight, "vocabulary_axis", None) is not None or getattr(weight, "is_embed", False):
+        return  # aligned by mergekit's vocabulary wrappers, or its own error
+    base = next((e for e in entries if e.id == base_model), None)
+    if base is None:
+        return
+    for e in entries:
+        if e.tensor.shape != base.tensor.shape:
+            raise ValueError(
+                f"ramplus: tensor {weight.name} has shape {tuple(e.tensor.shape)} in {e.id} but "
+                f"{tuple(base.tensor.shape)} in the base model {base_model}: the models do not share one architecture"
+            )
+
+
+def diagnostics(
+    labels: Sequence[str], found: kernel.Diagnosis, every: Sequence[str] | None = None
+) -> statistics.Diagnostics:
+    """The kernel's diagnostics of one tensor (agents in `labels` order) as `statistics.Diagnostics`; with
+    `every` (all the merge's agents, in order), zeros for the agents that lack the tensor."""
     ints, sums = found.pair_counts.tolist(), found.pair_sums.tolist()
+    single = dict(zip(labels, found.single.tolist(), strict=True))
+    magnitude = {a: (u, s) for a, (u, s) in zip(labels, found.magnitude.tolist(), strict=True)}
+    pairs = {
+        (labels[i], labels[j]): (c, same, d, x, y)
+        for (i, j), (c, same), (d, x, y) in zip(kernel.pairs(len(labels)), ints, sums, strict=True)
+    }
+    if every is None or list(every) == list(labels):
+        return statistics.Diagnostics(single, magnitude, pairs)
+    none = (0, 0, 0.0, 0.0, 0.0)
     return statistics.Diagnostics(
-        dict(zip(labels, found.single.tolist(), strict=True)),
-        {a: (u, s) for a, (u, s) in zip(labels, found.magnitude.tolist(), strict=True)},
-        {
-            (labels[i], labels[j]): (c, same, d, x, y)
-            for (i, j), (c, same), (d, x, y) in zip(kernel.pairs(len(labels)), ints, sums, strict=True)
-        },
+        {a: single.get(a, 0) for a in every},
+        {a: magnitude.get(a, (0.0, 0.0)) for a in every},
+        {(a, b): pairs.get((a, b), none) for i, a in enumerate(every) for b in every[i + 1 :]},
     )

@@ -5,7 +5,8 @@ this meta-path finder (no torch, no mergekit import). It runs a small hook right
 after mergekit's own modules finish loading: register `ramplus` once
 `mergekit.merge_methods` exists, install the statistics pre-pass once
 `mergekit.plan` exists, extend the model card and `run_merge` once
-`mergekit.merge` exists (`hooks.install`). A failing hook logs a warning and
+`mergekit.merge` exists (`hooks.install`), wrap `mergekit-pytorch`'s planner once
+`mergekit.scripts.merge_raw_pytorch` exists. A failing hook logs a warning and
 never raises into mergekit. `MERGEKIT_RAM_DISABLE=1` makes the .pth do nothing.
 """
 
@@ -61,11 +62,19 @@ def install_card():
     hooks.install_merge()
 
 
+def install_flat():
+    """Wrap `mergekit-pytorch`'s planner so `ramplus` gets whole-model statistics there too."""
+    from mergekit_ram._mergekit import hooks
+
+    hooks.install_flat()
+
+
 _HOOKS = {
     "mergekit.merge_methods": register_methods,
     "mergekit_ram.method": register_methods,
     "mergekit.plan": install_prepass,
     "mergekit.merge": install_card,
+    "mergekit.scripts.merge_raw_pytorch": install_flat,
 }
 
 

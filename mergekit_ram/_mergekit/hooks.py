@@ -10,6 +10,10 @@
 - `MergePlanner.plan_to_disk`: refuse an output folder inside an input model,
   drop a stale `ram_stats.json` there, and queue the new one;
 - `mergekit.merge.generate_card`: append the "RAM+ statistics" section;
+- `mergekit.scripts.merge_raw_pytorch.plan_flat_merge` (`mergekit-pytorch`, whose `main` looks it up
+  in its module when it runs; `verify` calls it too): a `ramplus` config is planned as one
+  `MergeSession` on the same pipeline (`pipeline.plan_flat`): input files and the output folder
+  checked, statistics counted, rho in every task, `ram_stats.json` a task after the model;
 - `ramplus._execute` (mergekit's `GroupMergeMethod._execute`, on our method object only):
   hand the dtype a tensor is written in to the kernel, which rounds once, to it.
 
@@ -28,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mergekit_ram import method, output_checks, report, session
-from mergekit_ram._mergekit import pipeline, surface
+from mergekit_ram._mergekit import pipeline, surface, tasks
 from mergekit_ram.method import resolves_to_ours
 
 LOG = logging.getLogger("mergekit_ram")
@@ -69,6 +73,39 @@ def install_merge() -> None:
         surface.wrap(merge, "generate_card", _generate_card, surface.HOOKED)
 
 
+def install_flat() -> None:
+    """Wrap `plan_flat_merge` of `mergekit.scripts.merge_raw_pytorch` (`mergekit-pytorch`), once it is loaded.
+    Idempotent; patches nothing when the names the pre-pass or this door need have changed."""
+    import sys
+
+    module: Any = sys.modules.get("mergekit.scripts.merge_raw_pytorch")  # loaded by mergekit-pytorch only
+    plan_flat_merge = getattr(module, "plan_flat_merge", None)
+    if plan_flat_merge is None or surface.marked(plan_flat_merge, surface.HOOKED):
+        return
+    method.ask_why_prepass_unavailable(surface.unavailable_reason)
+    try:
+        surface.check_prepass()
+        surface.check(surface.FLAT)
+    except surface.IncompatibleMergekit as error:
+        LOG.warning("mergekit-ram: RAM+ statistics pre-pass disabled for mergekit-pytorch: %s", error)
+        return
+    surface.wrap(module, "plan_flat_merge", _plan_flat_merge, surface.HOOKED)
+    round_once(method.ramplus)
+
+
+def _plan_flat_merge(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+    def plan_flat_merge(
+        config: Any, out_path: str, tensor_union: bool, tensor_intersection: bool, options: Any
+    ) -> list[Any]:
+        if not resolves_to_ours(config.merge_method):
+            method.refuse_foreign(config.merge_method)  # `ramplus` owned by another package
+            output_checks.remove_foreign_statistics(out_path)
+            return original(config, out_path, tensor_union, tensor_intersection, options)
+        return pipeline.plan_flat(original, config, out_path, tensor_union, tensor_intersection, options)
+
+    return plan_flat_merge
+
+
 def _run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
     def run_merge_wrapper(merge_config: Any, *args: Any, **kwargs: Any) -> Any:
         if not resolves_to_ours(merge_config.merge_method):
@@ -106,7 +143,7 @@ def _plan(original: Callable[[Any], None], planner: Any) -> None:
     with session.active(current):
         pipeline.check_config(current)
         original(planner)
-        pipeline.prepare(planner, current)
+        pipeline.prepare(tasks.of_planner(planner), current)
 
 
 def _plan_to_disk(original: Callable[[Any, str], list[Any]], planner: Any, out_path: str) -> list[Any]:

@@ -7,6 +7,11 @@ the cache (`counting`), hands each merge task its agents' rho and keeps the repo
 `MergeSession`. `ram_stats.json` is written after the model (`merge`, `queue_statistics`).
 `hooks` calls in here from mergekit's wrapped functions; `inspection` runs `prepare` without
 merging.
+
+Both of mergekit's doors take the one path: `prepare` works on a `tasks.Plan`, a
+`MergePlanner`'s (`mergekit-yaml`, `run_merge`) or the task list of `mergekit-pytorch`'s
+`plan_flat_merge` (`plan_flat`: single-file inputs checked, the output folder's policy,
+statistics, then `ram_stats.json` queued as a task after mergekit's `FinalizeModel`).
 """
 
 from __future__ import annotations
@@ -40,47 +45,49 @@ def check_inputs(config: Any, *, card: bool) -> None:
     input_checks.check_input_files(config)
 
 
-def prepare(planner: Any, current: session.MergeSession) -> None:
+def prepare(plan: tasks.Plan, current: session.MergeSession) -> None:
     """Count (or load), reduce to rho per scope, inject into the planned tasks, keep the report in `current`."""
-    found = tasks.planned(planner, resolves_to_ours)
+    found = tasks.planned(plan, resolves_to_ours)
     if not found:  # nothing to count (inspect says so when it finds no report)
         return
-    found = tasks.round_once_to_out_dtype(planner, found)
+    found = tasks.round_once_to_out_dtype(plan, found)
     planned = [task for _, task in found]
     headers: dict[str, dict] = {}  # each file's header, read once
-    rows = [tasks.stored_row(task, headers) for task in planned]
+    rows = [plan.stored_row(task, headers) for task in planned]
     input_checks.check_stored_tensors(rows)
-    tasks.warn_stored_dtypes(planner.config, rows[0])
-    tied = tasks.tied_copies(planner.out_model_config, planned)
+    tasks.warn_stored_dtypes(plan.config, rows[0])
+    tied = tasks.tied_copies(plan.out_model_config, planned)
     planned = [t for t in planned if t.output_weight.name not in tied]  # a tied pair is counted once
     current.planned = [tasks.summary(task) for task in planned]
     needs = tasks.needing_rho(planned)
     merging = current.mode != "inspect"  # a merge, or verify running one again: rho injected
-    seen: dict[str, dict] = {}  # each input folder's identity, read once (cache key and report)
-    counts = counting.statistics_of(planner.options, planned, seen, compute=bool(needs) or not merging)
+    seen: dict[str, dict] = {}  # each input's identity, read once (cache key and report)
+    counts = counting.statistics_of(
+        plan.options, planned, seen, compute=bool(needs) or not merging, identify=plan.identity
+    )
     current.stats, current.source = counts
     if not needs and merging:
         LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")
     if current.stats is not None and merging:
-        tasks.inject(planner, found, current.stats, needs, tied)
+        tasks.inject(plan, found, current.stats, needs, tied)
     current.report = report.build(
         current.stats,
         current.planned,
         source=current.source,
-        identities=_identities(planned[0], seen),
+        identities=_identities(planned[0], seen, plan.identity),
         tied=tied,
         record=current.record,
     )
     if current.stats is not None and current.mode == "merge":
-        _tell(current, planner.options, quiet_table=not needs)
+        _tell(current, plan.options, quiet_table=not needs)
 
 
-def _identities(task: Any, seen: dict[str, dict]) -> dict[str, dict]:
-    """model -> its public identity (`report.public_identity`); {} for a folder that cannot be read."""
+def _identities(task: Any, seen: dict[str, dict], identify: counting.Identify) -> dict[str, dict]:
+    """model -> its public identity (`report.public_identity`); {} for an input that cannot be read."""
     out = {}
     for model in task.model_order:
         try:
-            out[str(model)] = report.public_identity(counting.folder_identity(model, seen))
+            out[str(model)] = report.public_identity(counting.identity(model, seen, identify))
         except Exception:
             out[str(model)] = {}
     return out
@@ -140,11 +147,14 @@ def merge(run_merge: Callable[..., Any], merge_config: Any, *args: Any, **kwargs
 
 
 class WriteStatistics(Task[None]):
-    """Writes ram_stats.json after the model itself has been written (a planner driven without run_merge)."""
+    """Writes ram_stats.json after the model itself has been written (a planner driven without run_merge,
+    `mergekit-pytorch`); first removes the weight files in `stale` (name -> what `output_checks.weight_files`
+    saw before the merge) that the merge did not write again."""
 
     out_path: str
     payload: str
     after: Any
+    stale: tuple[tuple[str, tuple[int, int, int, int]], ...] = ()
 
     def arguments(self):
         return {"after": self.after}
@@ -153,12 +163,20 @@ class WriteStatistics(Task[None]):
         return True
 
     def execute(self, **_kwargs) -> None:
+        if self.stale:
+            output_checks.remove_stale_weights(self.out_path, dict(self.stale))
         write_statistics(self.out_path, self.payload)
 
 
-def queue_statistics(current: session.MergeSession, planned: list[Any], out_path: str) -> None:
+def queue_statistics(
+    current: session.MergeSession,
+    planned: list[Any],
+    out_path: str,
+    stale: dict[str, tuple[int, int, int, int]] | None = None,
+) -> None:
     """ram_stats.json of `current`, written last: by `run_merge`'s wrapper (`merge`), or as a task after the model
-    (`planned`: the tasks `plan_to_disk` returns)."""
+    (`planned`: the tasks `plan_to_disk` or `plan_flat_merge` returns; `stale`: the output folder's weight files
+    before the merge, removed then unless rewritten)."""
     assert current.report is not None
     payload = report.dumps(current.report)
     if current.in_run_merge:
@@ -167,7 +185,75 @@ def queue_statistics(current: session.MergeSession, planned: list[Any], out_path
         from mergekit.io.tasks import FinalizeModel
 
         finalize = next(t for t in planned if isinstance(t, FinalizeModel))
-        planned.append(WriteStatistics(out_path=out_path, payload=payload, after=finalize))
+        before = tuple(sorted((stale or {}).items()))
+        planned.append(WriteStatistics(out_path=out_path, payload=payload, after=finalize, stale=before))
+
+
+# --------------------------------------------------------------------------- #
+# mergekit-pytorch: one plan_flat_merge of a ramplus config
+# --------------------------------------------------------------------------- #
+ENTRY_POINT_FLAT = "mergekit-pytorch"
+
+
+def flat_record(config: Any, options: Any, tensor_union: bool, tensor_intersection: bool) -> dict[str, Any]:
+    """ram_stats.json's `merge` record of a `mergekit-pytorch` merge: what `verify` plans again."""
+    return report.merge_record(
+        ENTRY_POINT_FLAT,
+        options,
+        config=config.model_dump(mode="json", exclude_none=False),
+        tensor_union=bool(tensor_union),
+        tensor_intersection=bool(tensor_intersection),
+    )
+
+
+def flat_inputs(config: Any) -> list[str]:
+    """The input files of a `mergekit-pytorch` config, as written, each once (the models', then the base)."""
+    paths = [m.model for m in config.models] + ([config.base_model] if config.base_model else [])
+    return list(dict.fromkeys(paths))
+
+
+def check_flat_inputs(config: Any) -> None:
+    """Each input file, before mergekit opens it: there, a file, an intact safetensors or a weights-only pickle."""
+    for path in flat_inputs(config):
+        input_checks.check_input_file(path)
+
+
+def plan_flat(
+    plan_flat_merge: Callable[..., list[Any]],
+    config: Any,
+    out_path: str,
+    tensor_union: bool,
+    tensor_intersection: bool,
+    options: Any,
+) -> list[Any]:
+    """mergekit's `plan_flat_merge` of a `ramplus` config as one `MergeSession`: config, devices, input files and
+    output folder checked before any file is opened, planned by mergekit, counted (or from the cache), rho in
+    every merge task, the table printed; `ram_stats.json` (and the removal of an earlier merge's stale weight
+    files) a task after mergekit's `FinalizeModel`."""
+    current = session.current()
+    verifying = current is not None and current.owns(config) and current.mode == "verify"  # inject rho, write nothing
+    if current is None or not verifying:
+        record = flat_record(config, options, tensor_union, tensor_intersection)
+        current = session.MergeSession(config=config, fast_loading=True, record=record)
+    with session.active(current):
+        check_config(current)
+        config_checks.check_devices(options)
+        check_flat_inputs(config)
+        before: dict[str, tuple[int, int, int, int]] = {}
+        if not verifying:
+            output_checks.check_output_files(flat_inputs(config), out_path)
+            output_checks.remove_stale_statistics(out_path)
+            before = output_checks.weight_files(out_path)
+        loading.install()  # linear-time tensor loading, while this session is current (the statistics pass)
+        plan = tasks.of_flat(
+            plan_flat_merge(config, out_path, tensor_union, tensor_intersection, options), config, options,
+            resolves_to_ours, intersection=tensor_intersection,
+        )  # fmt: skip
+        prepare(plan, current)
+        planned = plan.tasks()
+        if current.report is not None and not verifying:
+            queue_statistics(current, planned, out_path, before)
+    return planned
 
 
 def write_statistics(out_path: str, payload: str) -> None:

@@ -9,7 +9,9 @@ precisely what changed; `hooks.install` patches nothing the guard rejects.
 
 The private attributes of mergekit's objects are read and written here only
 (`planned`, `replace_planned`), and so are our wrappers' marks and what they wrap
-(`wrap`, `unwrapped`), so a new mergekit means reading one module.
+(`wrap`, `unwrapped`, `plan_as_mergekit`, `plan_flat_as_mergekit`), so a new
+mergekit means reading one module. `mergekit-pytorch`'s names (`FLAT`) are checked
+when its module loads, before its planner is wrapped.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ SUPPORTED_TEXT = ">=0.1.5,<0.2"
 
 PREPASS = "prepass"  # the statistics pass and rho injection (checked when mergekit.plan loads)
 MERGE = "merge"  # run_merge's wrapper, the card, inspect's preamble (checked when mergekit.merge loads)
+FLAT = "flat"  # mergekit-pytorch's planner wrapped, its tasks read (checked when its module loads)
 LOADING = "loading"  # linear-time tensor loading (only a speed-up: mergekit's own loading is used without it)
 PUBLIC = "public"  # mergekit's public API (method definition, CLI options)
 VERIFY = "verify"  # `mergekit-ram verify`: a merge planned again, compared instead of saved
@@ -53,14 +56,15 @@ class Name:
         return f"{self.module}.{self.attribute}"
 
 
-def _fields(cls: str, module: str, names: str) -> list[Name]:
-    return [Name(module, f"{cls}.{n}", PREPASS, "field") for n in names.split()]
+def _fields(cls: str, module: str, names: str, needed_for: str = PREPASS) -> list[Name]:
+    return [Name(module, f"{cls}.{n}", needed_for, "field") for n in names.split()]
 
 
 _PLAN = "mergekit.plan"
 _TASKS = "mergekit.io.tasks"
 _ADAPTER = "mergekit.merge_methods.task_adapter"
 _CONVERSION = "mergekit.architecture.conversion"
+_RAW = "mergekit.scripts.merge_raw_pytorch"
 
 NAMES: tuple[Name, ...] = (
     # the planner: wrapped, and read/written between planning and execution
@@ -95,6 +99,17 @@ NAMES: tuple[Name, ...] = (
     Name("mergekit.merge_methods.dtype", "align_dtype", PREPASS),
     Name("mergekit.common", "dtype_from_name", PREPASS),
     Name("mergekit.common", "ImmutableMap", PREPASS),
+    # mergekit-pytorch: its planner wrapped (and called by `inspect`), its tasks read and rebuilt with rho
+    Name(_RAW, "plan_flat_merge", FLAT),
+    Name(_RAW, "RawPyTorchMergeConfig", FLAT),
+    *_fields("RawPyTorchMergeConfig", _RAW, "merge_method models base_model parameters dtype out_dtype", FLAT),
+    Name(_RAW, "SimpleLoadTensor", FLAT),
+    *_fields("SimpleLoadTensor", _RAW, "model tensor_name", FLAT),
+    Name(_RAW, "SimpleLoaderCache", FLAT),
+    Name(_TASKS, "SaveTensor", FLAT),
+    *_fields("SaveTensor", _TASKS, "tensor_task", FLAT),
+    *_fields("FinalizeModel", _TASKS, "tensor_save_tasks", FLAT),
+    *_fields("TensorDictWrapper", _ADAPTER, "tensors", FLAT),
     # run_merge's preamble (for `inspect`) and the wrapped card / run_merge
     Name("mergekit.merge", "run_merge", MERGE),
     Name("mergekit.merge", "generate_card", MERGE),
@@ -269,6 +284,16 @@ def unwrapped(function: Any) -> Any:
     while marked(function, HOOKED) or marked(function, DIVERTED):
         function = function.__wrapped__
     return function
+
+
+def plan_flat_as_mergekit(config: Any, tensor_union: bool, tensor_intersection: bool, options: Any) -> list[Any]:
+    """mergekit-pytorch's own planning of `config` (`plan_flat_merge` without our wrapper) for `inspect`: the
+    tasks are planned (into a writer that never runs), nothing of ours runs."""
+    import os
+
+    from mergekit.scripts.merge_raw_pytorch import plan_flat_merge
+
+    return unwrapped(plan_flat_merge)(config, os.devnull, tensor_union, tensor_intersection, options)
 
 
 def model_out_config(config: Any, arch_info: Any, options: Any) -> Any:

@@ -194,7 +194,7 @@ def _inputs_unchanged(config: Any, recorded: dict, labels: dict[str, str], outco
             if os.path.isabs(path) and not os.path.exists(path):
                 raise FileNotFoundError(f"no such folder: {path}")
             LoaderCache().get(model)
-            found = report.public_identity(counting.folder_identity(model, seen))
+            found = report.public_identity(counting.identity(model, seen))
         except Exception as error:
             detail = " ".join(str(error).split())[:300] or type(error).__name__
             outcome.inputs.append(compare.InputCheck(label, role, "missing", identity, None, detail))

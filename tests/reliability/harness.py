@@ -32,6 +32,7 @@ CATEGORIES = {
     "test_outputs": "outputs",
     "test_mergekit_options": "mergekit options",
     "test_verify_cases": "verify",
+    "test_flat_inputs": "mergekit-pytorch inputs",
 }
 ORDER = list(CATEGORIES.values())
 
@@ -66,6 +67,11 @@ ELSEWHERE = {
     "tests/test_cache.py::test_concurrent_store_and_load_from_threads": "cache",
     "tests/test_cache.py::test_unwritable_cache_only_warns": "cache",
     "tests/test_cache.py::test_unusable_cache_folder_does_not_claim_a_corrupt_entry": "cache",
+    "tests/test_flat.py::test_a_pickle_that_runs_code_is_refused_naming_the_file": "mergekit-pytorch inputs",
+    "tests/test_flat.py::test_a_nan_is_named_by_tensor_and_file": "mergekit-pytorch inputs",
+    "tests/test_flat.py::test_a_shape_mismatch_is_named_by_tensor_and_file": "mergekit-pytorch inputs",
+    "tests/test_flat.py::test_union_refuses_a_tensor_the_base_lacks": "mergekit-pytorch inputs",
+    "tests/test_flat.py::test_the_folder_of_an_input_file_is_refused_and_a_new_folder_inside_it_is_not": "outputs",
     "tests/test_finder.py::test_broken_registration_does_not_break_mergekit": "plugin isolation",
     "tests/test_finder.py::test_incompatible_mergekit_disables_prepass_but_not_mergekit": "plugin isolation",
     "tests/test_finder.py::test_name_collision_merge_is_refused_not_run_under_our_name": "plugin isolation",
