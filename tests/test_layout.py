@@ -8,7 +8,9 @@
 - no import circle, lazy imports included, and no chain of imports longer than `FLOORS` modules;
 - no module assigns an attribute of a module (or anything else) it imports: a process-wide verdict
   is written by the module that owns it;
-- our wrappers' marks and what they wrap (`__wrapped__`) are touched in `surface` only.
+- our wrappers' marks and what they wrap (`__wrapped__`) are touched in `surface` only;
+- no module of the seam is over `SEAM_LINES` lines, none in the package over `PACKAGE_LINES`
+  (`example_models.py`, the synthetic models' data, aside).
 """
 
 import ast
@@ -31,6 +33,9 @@ ENTRY_POINTS = {"mergekit_ram", "mergekit_ram.cli"}
 PACKAGES = {"mergekit_ram", "mergekit_ram._mergekit"}
 #: the most modules one chain of imports may pass through (lazy imports included)
 FLOORS = 9
+#: the most lines a module of `_mergekit/`, and one anywhere else in the package, may have
+SEAM_LINES, PACKAGE_LINES = 300, 400
+LONG_ALLOWED = {"mergekit_ram.example_models"}
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -118,6 +123,25 @@ def test_import_chains_have_at_most_FLOORS_modules():
     worst = max(_chains().values(), key=len)
     shown = " -> ".join(m.removeprefix("mergekit_ram.") for m in worst)
     assert len(worst) <= FLOORS, f"{len(worst)} floors (at most {FLOORS}): {shown}"
+
+
+def _too_long() -> list[str]:
+    """'module: N lines (at most M)' for every module over its limit."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        limit = SEAM_LINES if _in_seam(name) else PACKAGE_LINES
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > limit and name not in LONG_ALLOWED:
+            found.append(f"{name.removeprefix('mergekit_ram.')}: {lines} lines (at most {limit})")
+    return found
+
+
+def test_no_module_is_over_its_size_limit():
+    """A module of the seam holds at most SEAM_LINES lines, any other at most PACKAGE_LINES: split it by job."""
+    offenders = _too_long()
+    assert not offenders, "modules over their size limit: " + "; ".join(offenders)
 
 
 def test_the_floors_rule_reads_lazy_imports_and_starts_at_the_entry_points():

@@ -8,11 +8,12 @@
 * a `mergekit-multi` stage whose config names the earlier stage's folder verifies, and names that folder
   once it is gone;
 * rho comes from the statistics cache when it holds the counts (no tensor counted);
-* `--json` follows the schema of mergekit_ram/compare.py; the card's reproduce line names verify;
-* `compare`'s bit comparison: -0.0 against 0.0, NaN payloads, infinities, every dtype width, chunks.
+* `--json` follows the schema of mergekit_ram/compare.py; the card's reproduce line names verify.
 
-Hub ids pinned to their recorded revision: tests/test_hub.py. Bad input to verify and "writes
-nothing": tests/reliability/test_verify_cases.py.
+The bit comparison on plain tensors: tests/test_bitwise.py; the checks of the record on plain data:
+tests/test_record_checks.py; the outcome as text and JSON: tests/test_compare.py. Hub ids pinned to
+their recorded revision: tests/test_hub.py. Bad input to verify and "writes nothing":
+tests/reliability/test_verify_cases.py.
 """
 
 from __future__ import annotations
@@ -383,61 +384,3 @@ def test_mergekit_pytorch_output_verifies(qwen_bf16, tmp_path, capsys):
     move_one_ulp(out, {"model.norm.weight": 1})
     code, text, _ = verify(out, capsys)
     assert code == 1 and "differs: model.norm.weight: 1 of" in text, text
-
-
-# ---------------------------------------------------------------- compare, on plain tensors
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64, torch.bool])
-def test_every_single_element_change_is_counted_once(dtype):
-    from mergekit_ram import compare
-
-    gen = torch.Generator().manual_seed(0)
-    base = (torch.rand(37, 5, generator=gen) * 4 - 2).to(dtype) if dtype != torch.bool else torch.rand(37, 5) > 0.5
-    for index in range(base.numel()):
-        other = base.clone()
-        if dtype == torch.bool:
-            other.view(-1)[index] = ~other.view(-1)[index]
-        else:
-            other.view(-1).view(INTS[base.element_size()])[index] += 1
-        found = compare.compare("t", base, other)
-        assert (found.status, found.differing, found.elements) == ("differs", 1, base.numel()), index
-        expect = abs(float(other.view(-1)[index].double() - base.view(-1)[index].double()))
-        assert found.max_abs == expect, index
-    assert compare.compare("t", base, base.clone()).identical
-
-
-def test_bits_decide_zeros_nans_and_infinities():
-    from mergekit_ram import compare
-
-    nan = torch.tensor([float("nan")])
-    other_nan = nan.view(torch.int32).add(1).view(torch.float32)  # a NaN with another payload
-    assert compare.compare("t", nan, nan.clone()).identical
-    found = compare.compare("t", nan, other_nan)
-    assert (found.differing, found.nan, found.max_abs) == (1, 1, None)
-    found = compare.compare("t", torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0]))
-    assert (found.status, found.differing, found.max_abs) == ("differs", 1, 0.0)
-    found = compare.compare("t", torch.tensor([1.0, float("inf")]), torch.tensor([float("inf"), float("-inf")]))
-    assert (found.differing, found.max_abs) == (2, math.inf)
-    assert found.as_json()["max_abs_difference"] == "inf"
-    found = compare.compare("t", torch.tensor([1.0, float("nan")]), torch.tensor([1.5, 2.0]))
-    assert (found.differing, found.nan, found.max_abs) == (2, 1, 0.5)
-
-
-def test_dtype_shape_and_absence_are_named():
-    from mergekit_ram import compare
-
-    a = torch.zeros(4, 2, dtype=torch.bfloat16)
-    assert compare.compare("t", a, a.float()).line() == "differs: t: published float32 [4, 2], recomputed bfloat16 [4, 2]"
-    assert compare.compare("t", a, a.reshape(2, 4)).status == "shape"
-    assert compare.compare("t", a, None).status == "missing"
-    assert compare.compare("t", None, a).status == "extra"
-
-
-def test_chunks_add_up():
-    from mergekit_ram import compare
-
-    a = torch.arange(1000, dtype=torch.float32)
-    b = a.clone()
-    b[[0, 333, 999]] += torch.tensor([1.0, 4.0, 0.5])
-    assert compare.bit_differences(a, b, chunk=7) == compare.bit_differences(a, b) == (3, 0, 4.0)

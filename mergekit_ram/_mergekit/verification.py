@@ -9,13 +9,14 @@ From the folder alone (`ram_stats.json` and, for `run_merge`, mergekit's `mergek
    recorded options that change what is merged), and what it plans is checked against `ram_stats.json`
    (`compare.plan_mismatches`): an edited parameter is named, and nothing is recomputed;
 3. the merge runs again through the pipeline of a merge (`pipeline.prepare`: rho from the statistics
-   cache when it holds the counts, else counted, and injected), on the executor `run_merge` would use;
-   where mergekit would save each tensor (`SaveTensor`, cast to its dtype), `CompareTensor` compares it
-   with the published one, read from the folder (`PublishedTensor`), so the executor holds what a merge
-   holds (less: no output shard is buffered). Tensors in the folder that the merge does not plan are named.
+   cache when it holds the counts, else counted, and injected), on the executor `run_merge` would use
+   (`rerun`): where mergekit would save each tensor (`SaveTensor`, cast to its dtype), `CompareTensor`
+   compares it with the published one, read from the folder (`PublishedTensor`), so the executor holds
+   what a merge holds (less: no output shard is buffered). Tensors in the folder that the merge does not
+   plan are named.
 
 Nothing is written into the folder or an input (the statistics cache may gain an entry). The
-judging is `compare`'s, on plain data; this module only plans and runs.
+judging is `compare`'s, on plain data; this module plans, `rerun` runs.
 """
 
 from __future__ import annotations
@@ -24,17 +25,12 @@ import os
 import tempfile
 from typing import Any
 
-from mergekit.graph import Task
-
 from mergekit_ram import compare, config_checks, input_checks, report, versions
-from mergekit_ram._mergekit import counting, loading, pipeline, surface, tasks
+from mergekit_ram._mergekit import counting, loading, pipeline, rerun, surface, tasks
 from mergekit_ram._mergekit.planner import plan
+from mergekit_ram._mergekit.rerun import InputError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
 from mergekit_ram.session import MergeSession, active
-
-
-class InputError(ValueError):
-    """Something verify must read cannot be read (an input file, the folder's config): a data error."""
 
 
 def verify(folder: str, options: Any) -> compare.Outcome:
@@ -90,8 +86,8 @@ def _verify_run_merge(folder: str, recorded: dict, record: dict, options: Any, o
     config = _read_config(path)
     if not resolves_to_ours(config.merge_method):
         raise compare.NotVerifiable(f"{path} merges with {config.merge_method!r}; verify checks ramplus merges")
-    surface.forget_loaders([_reference(folder), *config.referenced_models()])  # read as the files are now
-    index = _published_index(folder)
+    surface.forget_loaders([rerun.reference(folder), *config.referenced_models()])  # read as the files are now
+    index = rerun.published_index(folder)
     LoaderCache().setup(options=options)
     config, labels = _pinned(config, recorded)
     if not _inputs_unchanged(config, recorded, labels, outcome):
@@ -116,10 +112,10 @@ def _verify_run_merge(folder: str, recorded: dict, record: dict, options: Any, o
         outcome.parameters = compare.rho_mismatches(recorded, _relabel(current.report, labels))
         out_dtype = planner.config.out_dtype
         targets = [
-            _compare_task(folder, weight.name, task, weight.optional, weight.force_dtype or out_dtype)
+            rerun.compare_task(folder, weight.name, task, weight.optional, weight.force_dtype or out_dtype)
             for weight, task in surface.planned(planner)
         ]
-        _run(targets, index, folder, options, outcome)
+        rerun.run(targets, index, folder, options, outcome)
 
 
 def _read_config(path: str) -> Any:
@@ -242,8 +238,9 @@ def _verify_flat(folder: str, recorded: dict, record: dict, options: Any, outcom
         raise compare.Unreadable(f"{stats}: its merge record holds no mergekit-pytorch config ({error})") from error
     if not resolves_to_ours(config.merge_method):
         raise compare.NotVerifiable(f"{stats} records a {config.merge_method!r} merge; verify checks ramplus merges")
-    surface.forget_loaders([_reference(folder)])  # read as the files are now (mergekit-pytorch has its own loaders)
-    index = _published_index(folder)
+    # read as the files are now (mergekit-pytorch has its own loaders)
+    surface.forget_loaders([rerun.reference(folder)])
+    index = rerun.published_index(folder)
     current = MergeSession(config=config, mode="verify", fast_loading=True, record=record)
     # plan_flat_merge plans a writer for its out_path; it never runs here, and nothing is written there
     nowhere = os.path.join(tempfile.gettempdir(), f"mergekit-ram-verify-{os.getpid()}-never-written")
@@ -269,131 +266,8 @@ def _verify_flat(folder: str, recorded: dict, record: dict, options: Any, outcom
         outcome.statistics = current.source
         outcome.parameters = compare.rho_mismatches(recorded, current.report)
         targets = [
-            _compare_task(folder, save.tensor_name, save.tensor_task, save.optional, save.dtype)
+            rerun.compare_task(folder, save.tensor_name, save.tensor_task, save.optional, save.dtype)
             for save in planned
             if isinstance(save, SaveTensor)
         ]
-        _run(targets, index, folder, options, outcome)
-
-
-# --------------------------------------------------------------------------- #
-# Recompute and compare
-# --------------------------------------------------------------------------- #
-class PublishedTensor(Task[Any]):
-    """One tensor as the folder holds it (None when the folder has none of that name; a str says why it
-    cannot be read), read through mergekit's loader as the model's users read it."""
-
-    folder: str
-    name: str
-    label: str | None = None
-
-    def arguments(self):
-        return {}
-
-    def group_label(self) -> str | None:
-        return self.label  # beside the merge of the same tensor
-
-    def priority(self) -> int:
-        return -2000  # after the merge task of its group: held for the shortest time
-
-    def execute(self, **_kwargs) -> Any:
-        try:
-            return _published(self.folder).get_tensor(self.name, raise_on_missing=False)
-        except Exception as error:
-            return f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
-
-
-class CompareTensor(Task[Any]):
-    """Where mergekit would save a tensor (`SaveTensor`: cast to its dtype), compare it with the published one."""
-
-    name: str
-    tensor_task: Task
-    published: PublishedTensor
-    optional: bool = False
-    dtype: str | None = None
-
-    def arguments(self):
-        return {"tensor": self.tensor_task, "published": self.published}
-
-    def group_label(self) -> str | None:
-        return self.tensor_task.group_label()
-
-    def priority(self) -> int:
-        return 1000  # as SaveTensor
-
-    def execute(self, tensor: Any, published: Any, **_kwargs) -> compare.Difference | None:
-        from mergekit.common import dtype_from_name
-
-        if isinstance(published, str):
-            return compare.Difference(self.name, "unreadable", detail=published)
-        if tensor is None and not self.optional:
-            raise RuntimeError(f"No value for required tensor {self.name}")  # as SaveTensor
-        if tensor is not None and self.dtype:
-            tensor = tensor.to(dtype=dtype_from_name(self.dtype))
-        if tensor is None and published is None:
-            return None  # an optional tensor no input holds: neither written nor published
-        return compare.compare(self.name, tensor, published)
-
-
-def _compare_task(folder: str, name: str, task: Any, optional: bool, dtype: str | None) -> CompareTensor:
-    published = PublishedTensor(folder=folder, name=name, label=task.group_label())
-    return CompareTensor(name=name, tensor_task=task, published=published, optional=optional, dtype=dtype)
-
-
-def _published(folder: str) -> Any:
-    """mergekit's loader of the folder's weights (one per folder, as for an input model)."""
-    from mergekit.io.tasks import LoaderCache
-
-    return LoaderCache().get(_reference(folder))
-
-
-def _reference(folder: str) -> Any:
-    from mergekit.common import ModelPath, ModelReference
-
-    return ModelReference(model=ModelPath(path=folder))
-
-
-def _published_index(folder: str) -> dict[str, str]:
-    """tensor -> file, as a loader reads the folder's weights (checked before any input is read)."""
-    try:
-        return dict(_published(folder).index.tensor_paths)
-    except Exception as error:
-        why = compare.damaged_weight_file(folder) or " ".join(str(error).split())[:300]
-        raise InputError(f"the weights in {folder} cannot be read: {why}") from error
-
-
-def _run(
-    targets: list[CompareTensor], index: dict[str, str], folder: str, options: Any, outcome: compare.Outcome
-) -> None:
-    """Run the compare tasks on the executor `run_merge` would use; then name what the folder holds beyond them
-    (`index`: the folder's tensors)."""
-    planned = set()
-    try:
-        for _task, value in _executor(targets, options):
-            if isinstance(value, compare.Difference):
-                planned.add(value.name)
-                outcome.add(value)
-    except (OSError, RuntimeError, ValueError, KeyError) as error:  # what stops a merge stops its recomputation
-        message = " ".join(str(error).split()) or type(error).__name__
-        raise InputError(f"recomputing the merge failed: {message}") from error
-    planned |= {t.name for t in targets}
-    for name in sorted(set(index) - planned):
-        outcome.add(compare.Difference(name, "extra", detail=f"in {index[name]}"))
-    for name, why in sorted(compare.stray_tensors(folder, index).items()):
-        if name not in index:
-            outcome.add(compare.Difference(name, "extra", detail=why))
-    outcome.merged = True
-
-
-def _executor(targets: list[Any], options: Any) -> Any:
-    """The executor `run_merge` runs a merge on (mergekit.merge.run_merge, 0.1.5)."""
-    if options.multi_gpu:
-        from mergekit.multigpu_executor import MultiGPUExecutor
-
-        executor = MultiGPUExecutor(targets=targets, storage_device=None if options.low_cpu_memory else "cpu")
-        return executor.run(quiet=options.quiet)
-    from mergekit.graph import Executor
-
-    storage = options.device if options.low_cpu_memory else "cpu"
-    executor = Executor(targets=targets, math_device=options.device, storage_device=storage)
-    return executor.run(quiet=options.quiet, desc="Verifying")
+        rerun.run(targets, index, folder, options, outcome)

@@ -1,0 +1,144 @@
+"""Two tensors compared bit for bit, on plain tensors (what `mergekit-ram verify` does to each tensor).
+
+Two tensors are identical when they hold the same bits: -0.0 and 0.0 differ, a NaN equals a NaN
+with the same bits. A differing tensor is described by the count of differing elements and the
+largest |published - recomputed| among those where neither is NaN (0.0 for -0.0 against 0.0,
+inf for a finite number against an infinity); differing elements where either is NaN are counted
+apart (`nan`). The comparison streams in chunks, so it needs a few chunk-sized buffers whatever
+the tensor's size.
+
+Knows nothing of mergekit or of the folder; `compare` is the module users import (it re-exports these).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+CHUNK = 1 << 22
+_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One tensor compared: `status` "identical", "differs", "dtype", "shape", "missing", "extra", "unreadable"."""
+
+    name: str
+    status: str
+    elements: int = 0
+    differing: int = 0
+    nan: int = 0
+    max_abs: float | None = None
+    published: str | None = None
+    recomputed: str | None = None
+    detail: str | None = None
+
+    @property
+    def identical(self) -> bool:
+        return self.status == "identical"
+
+    def line(self) -> str:
+        if self.status == "differs":
+            size = "" if self.max_abs is None else f", max |difference| {_shown(self.max_abs)}"
+            nan = f", {self.nan:,} of them NaN against another value" if self.nan else ""
+            return f"differs: {self.name}: {self.differing:,} of {self.elements:,} elements{size}{nan}"
+        if self.status in ("dtype", "shape"):
+            return f"differs: {self.name}: published {self.published}, recomputed {self.recomputed}"
+        if self.status == "missing":
+            return f"missing: {self.name}: planned by the merge, not in the folder"
+        if self.status == "extra":
+            where = f" ({self.detail})" if self.detail else ""
+            return f"extra: {self.name}: in the folder{where}, not planned by the merge"
+        if self.status == "unreadable":
+            return f"unreadable: {self.name}: {self.detail}"
+        return f"identical: {self.name}"
+
+    def as_json(self) -> dict:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "elements": self.elements,
+            "differing": self.differing,
+            "nan": self.nan,
+            "max_abs_difference": None if self.max_abs is None else _number(self.max_abs),
+            "published": self.published,
+            "recomputed": self.recomputed,
+            "detail": self.detail,
+        }
+
+
+def describe(tensor: torch.Tensor) -> str:
+    """'bfloat16 [64, 32]'."""
+    return f"{str(tensor.dtype).removeprefix('torch.')} {list(tensor.shape)}"
+
+
+def compare(name: str, recomputed: torch.Tensor | None, published: torch.Tensor | None) -> Difference:
+    """`recomputed` against `published`, bit for bit (None: absent on that side)."""
+    if recomputed is None and published is None:
+        return Difference(name, "identical")
+    if published is None:
+        assert recomputed is not None
+        return Difference(name, "missing", recomputed.numel(), recomputed=describe(recomputed))
+    if recomputed is None:
+        return Difference(name, "extra", published.numel(), published=describe(published))
+    shown, made = describe(published), describe(recomputed)
+    size = published.numel()
+    if published.dtype != recomputed.dtype:
+        return Difference(name, "dtype", size, size, published=shown, recomputed=made)
+    if published.shape != recomputed.shape:
+        return Difference(name, "shape", size, size, published=shown, recomputed=made)
+    differing, nan, largest = bit_differences(recomputed, published)
+    status = "differs" if differing else "identical"
+    return Difference(name, status, size, differing, nan, largest, published=shown, recomputed=made)
+
+
+def bit_differences(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> tuple[int, int, float | None]:
+    """(elements whose bits differ, of those where either is NaN, max |a - b| over the others) of two tensors of
+    one dtype and shape; the max is None when no difference can be measured (complex or no such element)."""
+    flat_a, flat_b = a.detach().reshape(-1), b.detach().reshape(-1)
+    if flat_a.device != flat_b.device:
+        flat_b = flat_b.to(flat_a.device)
+    measurable = not (a.is_complex() or a.dtype.itemsize not in _INTS)
+    differing = nan = 0
+    largest: float | None = None
+    for start in range(0, flat_a.numel(), chunk):
+        x, y = flat_a[start : start + chunk], flat_b[start : start + chunk]
+        mask = _bits_differ(x, y)
+        found = int(mask.sum())
+        if not found:
+            continue
+        differing += found
+        if not measurable:
+            continue
+        xd, yd = x[mask].to(torch.float64), y[mask].to(torch.float64)
+        either_nan = xd.isnan() | yd.isnan()
+        nan += int(either_nan.sum())
+        numbers = ~either_nan
+        if bool(numbers.any()):
+            gap = float((xd[numbers] - yd[numbers]).abs().max())
+            if math.isnan(gap):  # inf - inf of the same sign has equal bits, so this is +inf against -inf
+                gap = math.inf
+            largest = gap if largest is None else max(largest, gap)
+    return differing, nan, largest
+
+
+def _bits_differ(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    width = x.dtype.itemsize
+    if width in _INTS and not x.is_complex():
+        return x.contiguous().view(_INTS[width]) != y.contiguous().view(_INTS[width])
+    bx = x.contiguous().view(torch.uint8).reshape(-1, width)
+    by = y.contiguous().view(torch.uint8).reshape(-1, width)
+    return (bx != by).any(dim=1)
+
+
+def _number(value: float) -> float | str:
+    """A |difference| as JSON holds it (inf as "inf", as ram_stats.json writes it)."""
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return float(value)
+
+
+def _shown(value: float) -> str:
+    return "inf" if math.isinf(value) and value > 0 else f"{value:g}"

@@ -1,0 +1,259 @@
+"""What a ramplus folder records, read and checked on plain data for `mergekit-ram verify`: its
+`ram_stats.json` (and merge record) read, its weight files checked for damage and stray tensors, the
+config's plan and the recomputed rho against the record, an input's recorded identity against the one
+found, and the installed versions against the recorded ones.
+
+Knows nothing of mergekit (`_mergekit/verification.py` plans and recomputes); `compare` is the module
+users import (it re-exports these).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mergekit_ram import files, output_checks
+
+#: ram_stats.json format versions verify can read (1 and 2 have no `merge` record: run_merge, default options)
+READABLE = (1, 2, 3)
+CONFIG_FILE = "mergekit_config.yml"
+
+
+class NotVerifiable(ValueError):
+    """The folder is not one verify can check (no such folder, no ram_stats.json, another method's): a usage error."""
+
+
+class Unreadable(ValueError):
+    """A file verify needs is there but damaged (corrupt JSON, a config mergekit cannot read): a data error."""
+
+
+# --------------------------------------------------------------------------- #
+# What the folder says: ram_stats.json, its merge record, and its published tensors
+# --------------------------------------------------------------------------- #
+def read_report(folder: str) -> dict:
+    """The folder's ram_stats.json, checked to be a ramplus report verify can read.
+
+    NotVerifiable (a usage error) for no such folder, no ram_stats.json, another program's or another
+    method's file, or a newer format; Unreadable for a file that is not JSON.
+    """
+    if not os.path.isdir(folder):
+        raise NotVerifiable(f"{'not a folder' if os.path.exists(folder) else 'no such folder'}: {folder}")
+    path = os.path.join(folder, output_checks.STATS_FILE)
+    if not os.path.isfile(path):
+        raise NotVerifiable(
+            f"{folder} holds no {output_checks.STATS_FILE}: not the output of a finished ramplus merge "
+            "(another method's, or a merge that stopped before the end)"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise Unreadable(f"{path} is unreadable ({error}): is the folder damaged?") from error
+    if not isinstance(found, dict) or found.get("format") != output_checks.STATS_FORMAT:
+        raise NotVerifiable(f"{path} was not written by mergekit-ram (no format {output_checks.STATS_FORMAT!r})")
+    if found.get("method") != "ramplus":
+        raise NotVerifiable(f"{path} describes a {found.get('method')!r} merge; verify checks ramplus merges")
+    version = found.get("format_version")
+    if version not in READABLE:
+        raise NotVerifiable(
+            f"{path} has format_version {version!r}; this mergekit-ram reads {', '.join(map(str, READABLE))} "
+            "(upgrade mergekit-ram)"
+        )
+    for key, kind in (("parameters", dict), ("base_model", dict), ("agents", list)):
+        if not isinstance(found.get(key), kind):
+            raise Unreadable(f"{path} has no {key!r}: is the folder damaged?")
+    return found
+
+
+def merge_record(report: dict) -> dict:
+    """The report's `merge` record (format_version 1 and 2 have none: a run_merge with default options)."""
+    record = report.get("merge")
+    return dict(record) if isinstance(record, dict) else {"entry_point": "run_merge"}
+
+
+def damaged_weight_file(folder: str) -> str | None:
+    """'FILE: why' for the first safetensors file directly in `folder` that safetensors cannot open, else None."""
+    from safetensors import SafetensorError, safe_open
+
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".safetensors"):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except (OSError, SafetensorError) as error:
+            return f"{path}: {' '.join(str(error).split())}"
+    return None
+
+
+def stray_tensors(folder: str, indexed: Mapping[str, str]) -> dict[str, str]:
+    """Tensors a safetensors file of the folder holds that the folder's index does not map to that file
+    (a loader would not see them): name -> why. `indexed`: name -> file, as the loader reads the folder."""
+    stray: dict[str, str] = {}
+    for file in sorted(set(indexed.values())):
+        if not file.endswith(".safetensors"):
+            continue
+        try:
+            header = files.read_header(os.path.join(folder, file))[1]
+        except (OSError, ValueError):
+            continue  # reading the tensors names the file
+        for name in header:
+            if name != "__metadata__" and indexed.get(name) != file:
+                stray[name] = f"in {file}, which the index does not name for it"
+    return stray
+
+
+# --------------------------------------------------------------------------- #
+# The config against the report, and the inputs against their recorded identities
+# --------------------------------------------------------------------------- #
+def plan_mismatches(recorded: dict, planned: dict, *, source: str = CONFIG_FILE) -> list[str]:
+    """What `planned` (a report of the plan, `report.build`) says otherwise than `recorded` (ram_stats.json):
+    the parameters, the per-tensor ones, the base and agents, given rho and the tied pairs; one line each."""
+    found = []
+    said = f"{source} plans"
+    for name, value in planned["parameters"].items():
+        was = recorded["parameters"].get(name)
+        if not _same(value, was):
+            found.append(f"{name}: {said} {_shown(value)}, ram_stats.json records {_shown(was)}")
+    varying, was_varying = planned["per_tensor_parameters"], recorded.get("per_tensor_parameters") or {}
+    for name in sorted(set(varying) | set(was_varying)):
+        if not _same(varying.get(name), was_varying.get(name)):
+            found.append(
+                f"{name} per tensor: {said} {_values(varying.get(name))}, ram_stats.json records "
+                f"{_values(was_varying.get(name))}"
+            )
+    base, was_base = planned["base_model"]["model"], recorded["base_model"].get("model")
+    if base != was_base:
+        found.append(f"base model: {said} {base}, ram_stats.json records {was_base}")
+    agents = [row["model"] for row in planned["agents"]]
+    was_agents = [row.get("model") for row in recorded["agents"]]
+    if agents != was_agents:
+        found.append(f"agents: {said} {', '.join(agents)}; ram_stats.json records {', '.join(map(str, was_agents))}")
+    else:
+        for row, was in zip(planned["agents"], recorded["agents"], strict=True):
+            given = row["rho"] if row["rho_source"] == "given" else None
+            was_given = was.get("rho") if was.get("rho_source") == "given" else None
+            if not _same(given, was_given):
+                found.append(
+                    f"rho of {row['model']}: {source} "
+                    + (f"gives {_shown(given)}" if given is not None else "gives none (counted)")
+                    + ", ram_stats.json records "
+                    + (f"{_shown(was_given)} given" if was_given is not None else "it counted")
+                )
+    tied, was_tied = planned.get("tied_counted_once") or {}, recorded.get("tied_counted_once") or {}
+    if tied != was_tied:
+        found.append(f"tied tensors counted once: {said} {tied or 'none'}, ram_stats.json records {was_tied or 'none'}")
+    return found
+
+
+def rho_mismatches(recorded: dict, recomputed: dict) -> list[str]:
+    """The rho each agent used, recomputed (`recomputed`: the verify run's report) against the recorded one."""
+    found = []
+    rows = {row.get("model"): row for row in recorded["agents"]}
+    for row in recomputed["agents"]:
+        was = rows.get(row["model"])
+        if was is not None and not _same(row["rho"], was.get("rho")):
+            now, then = _shown(row["rho"]), _shown(was.get("rho"))
+            found.append(f"rho of {row['model']}: recomputed {now}, ram_stats.json records {then}")
+    groups, was_groups = recomputed.get("rho_by_group"), recorded.get("rho_by_group")
+    if groups is not None and was_groups is not None and groups != was_groups:
+        differ = sorted(g for g in set(groups) | set(was_groups) if groups.get(g) != was_groups.get(g))
+        found.append(f"rho by group differs from ram_stats.json's for {len(differ)} group(s), first {differ[0]}")
+    return found
+
+
+@dataclass(frozen=True)
+class InputCheck:
+    """One input's recorded identity against the one found: `status` "same", "changed", "missing", "not recorded"."""
+
+    model: str
+    role: str
+    status: str
+    recorded: Mapping[str, Any]
+    found: Mapping[str, Any] | None
+    detail: str | None = None
+
+    def line(self) -> str:
+        if self.status == "missing":
+            return f"input {self.model} ({self.role}) cannot be read: {self.detail}"
+        if self.status == "changed":
+            return f"input {self.model} ({self.role}) changed: {self.detail}"
+        return f"input {self.model} ({self.role}): {self.status}"
+
+    def as_json(self) -> dict:
+        return {
+            "model": self.model,
+            "role": self.role,
+            "status": self.status,
+            "recorded": dict(self.recorded),
+            "found": None if self.found is None else dict(self.found),
+            "detail": self.detail,
+        }
+
+
+def check_identity(model: str, role: str, recorded: Mapping[str, Any], found: Mapping[str, Any]) -> InputCheck:
+    """An input's identity found now against the recorded one (`report.public_identity`: content_id, revision)."""
+    if not recorded.get("content_id"):
+        return InputCheck(model, role, "not recorded", recorded, found)
+    differ = [
+        f"{key} {_short(found.get(key))} now, {_short(recorded.get(key))} recorded"
+        for key in ("revision", "content_id")
+        if (recorded.get(key) or None) != (found.get(key) or None)
+    ]
+    if differ:
+        return InputCheck(model, role, "changed", recorded, found, "; ".join(differ))
+    return InputCheck(model, role, "same", recorded, found)
+
+
+def recorded_inputs(report: dict) -> list[tuple[str, str, dict]]:
+    """(model, role, recorded identity) of the base and every agent of a report."""
+    rows = [(report["base_model"].get("model"), "base", report["base_model"].get("identity") or {})]
+    rows += [(row.get("model"), "agent", row.get("identity") or {}) for row in report["agents"]]
+    return [(str(m), role, identity) for m, role, identity in rows]
+
+
+def version_notes(recorded: dict, installed: Mapping[str, str]) -> list[str]:
+    """A note per package whose installed version is not the recorded one (bits may differ then)."""
+    was = recorded.get("versions") or {}
+    return [
+        f"{name} {installed[name]} is installed; the merge was made with {was[name]} (a difference may come from that)"
+        for name in sorted(installed)
+        if was.get(name) and was[name] != installed[name]
+    ]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as ram_stats.json writes them (numbers by value, inf as "inf", lists in any order)."""
+    if isinstance(a, list) and isinstance(b, list):
+        return sorted(map(_number, a), key=str) == sorted(map(_number, b), key=str)
+    return _number(a) == _number(b)
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    return float(value)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) and value > 0 else f"{value:g}"
+    return str(value)
+
+
+def _short(value: Any) -> str:
+    """An identity's hash as the card shows it (16 hex digits; a revision whole)."""
+    if not value:
+        return "none"
+    return str(value)[:16] + "…" if len(str(value)) == 64 else str(value)
+
+
+def _values(values: Iterable[Any] | None) -> str:
+    return "one value" if values is None else "[" + ", ".join(_shown(v) for v in values) + "]"

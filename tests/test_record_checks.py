@@ -1,0 +1,230 @@
+"""`record_checks.py`: what a ramplus folder records, read and checked on plain data for `mergekit-ram verify`.
+
+The folder's `ram_stats.json` read (usage errors and data errors told apart), its merge record, damaged
+weight files and tensors the index does not name, the plan and the recomputed rho against the record,
+an input's identity against the recorded one, installed versions against the recorded ones. Through
+`mergekit-ram verify` on real folders: tests/test_verify.py, tests/reliability/test_verify_cases.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from mergekit_ram import record_checks
+from mergekit_ram.record_checks import NotVerifiable, Unreadable
+
+HASH = "ab" * 32
+
+
+def recorded_report(**changes) -> dict:
+    """A ram_stats.json as plain data: base + A (rho counted) + B (rho given)."""
+    out = {
+        "format": "mergekit-ram/ram_stats",
+        "format_version": 3,
+        "method": "ramplus",
+        "parameters": {"epsilon": 1e-5, "r": 0.1, "alpha": 0.2, "rho_scope": "tensor"},
+        "per_tensor_parameters": {},
+        "base_model": {"model": "base", "identity": {"content_id": HASH}},
+        "agents": [
+            {"model": "A", "rho": 0.25, "rho_source": "counted", "identity": {"content_id": HASH, "revision": "r1"}},
+            {"model": "B", "rho": 0.5, "rho_source": "given", "identity": {}},
+        ],
+        "rho_by_group": {"g0": {"A": 0.25, "B": 0.5}},
+        "tied_counted_once": {},
+        "versions": {"mergekit": "0.1.5", "torch": "2.13.0"},
+        "merge": {"entry_point": "run_merge", "options": {"lazy_unpickle": True}},
+    }
+    out.update(changes)
+    return out
+
+
+def planned_report() -> dict:
+    """What `report.build` gives for the same plan before anything is counted."""
+    planned = copy.deepcopy(recorded_report())
+    planned["agents"][0].update(rho=None, rho_source=None)
+    return planned
+
+
+def write_report(folder, report) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / "ram_stats.json").write_text(report if isinstance(report, str) else json.dumps(report))
+
+
+# ---------------------------------------------------------------- ram_stats.json
+
+
+def test_read_report_gives_a_ramplus_report(tmp_path):
+    write_report(tmp_path / "o", recorded_report())
+    assert record_checks.read_report(str(tmp_path / "o")) == recorded_report()
+    for version in record_checks.READABLE:
+        write_report(tmp_path / "o", recorded_report(format_version=version))
+        assert record_checks.read_report(str(tmp_path / "o"))["format_version"] == version
+
+
+def test_read_report_usage_errors(tmp_path):
+    with pytest.raises(NotVerifiable, match="no such folder"):
+        record_checks.read_report(str(tmp_path / "nowhere"))
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(NotVerifiable, match="not a folder"):
+        record_checks.read_report(str(tmp_path / "f"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NotVerifiable, match=r"holds no ram_stats\.json: not the output of a finished ramplus merge"):
+        record_checks.read_report(str(tmp_path / "empty"))
+    for report, named in [
+        ({"format": "something/else"}, "was not written by mergekit-ram"),
+        ([1, 2], "was not written by mergekit-ram"),
+        (recorded_report(method="ties"), "describes a 'ties' merge; verify checks ramplus merges"),
+        (recorded_report(format_version=99), "has format_version 99; this mergekit-ram reads 1, 2, 3"),
+    ]:
+        write_report(tmp_path / "o", report)
+        with pytest.raises(NotVerifiable, match=named):
+            record_checks.read_report(str(tmp_path / "o"))
+
+
+@pytest.mark.parametrize(
+    "content, named",
+    [
+        ('{"format": ', "is unreadable"),
+        (recorded_report(agents=None), "has no 'agents'"),
+        (recorded_report(parameters=[]), "has no 'parameters'"),
+    ],
+)
+def test_read_report_data_errors(tmp_path, content, named):
+    write_report(tmp_path / "o", content)
+    with pytest.raises(Unreadable, match=named):
+        record_checks.read_report(str(tmp_path / "o"))
+    assert not issubclass(Unreadable, NotVerifiable) and not issubclass(NotVerifiable, Unreadable)
+
+
+def test_merge_record_of_each_format_version():
+    report = recorded_report()
+    found = record_checks.merge_record(report)
+    assert found == report["merge"] and found is not report["merge"]  # a copy
+    older = recorded_report(format_version=2)
+    del older["merge"]
+    assert record_checks.merge_record(older) == {"entry_point": "run_merge"}
+
+
+# ---------------------------------------------------------------- the folder's weight files
+
+
+def test_damaged_weight_file_names_the_first_one(tmp_path):
+    save_file({"a": torch.zeros(2)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    assert record_checks.damaged_weight_file(str(tmp_path)) is None
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    (tmp_path / "notes.txt").write_text("not weights")
+    found = record_checks.damaged_weight_file(str(tmp_path))
+    assert found is not None and found.startswith(str(tmp_path / "model-00002-of-00002.safetensors") + ": ")
+    assert "\n" not in found
+
+
+def test_stray_tensors_are_those_the_index_maps_elsewhere(tmp_path):
+    save_file({"a": torch.zeros(2), "b": torch.zeros(2)}, str(tmp_path / "one.safetensors"))
+    save_file({"b": torch.ones(2), "c": torch.zeros(2)}, str(tmp_path / "two.safetensors"))
+    indexed = {"a": "one.safetensors", "b": "two.safetensors", "c": "two.safetensors", "d": "model.bin"}
+    assert record_checks.stray_tensors(str(tmp_path), indexed) == {
+        "b": "in one.safetensors, which the index does not name for it"
+    }
+    assert record_checks.stray_tensors(str(tmp_path), {"a": "gone.safetensors"}) == {}  # reading names it
+
+
+# ---------------------------------------------------------------- the plan against the record
+
+
+def test_a_plan_of_the_recorded_merge_has_no_mismatch():
+    assert record_checks.plan_mismatches(recorded_report(), planned_report()) == []
+    # numbers by value, inf as ram_stats.json writes it, lists in any order
+    recorded = recorded_report(parameters={"r": 1, "epsilon": "inf"}, per_tensor_parameters={"r": [0.5, 1]})
+    planned = planned_report()
+    planned.update(parameters={"r": 1.0, "epsilon": math.inf}, per_tensor_parameters={"r": [1.0, 0.5]})
+    assert record_checks.plan_mismatches(recorded, planned) == []
+
+
+def test_each_edit_of_the_plan_is_one_line():
+    planned = planned_report()
+    planned["parameters"]["r"] = 0.3
+    planned["per_tensor_parameters"] = {"alpha": [0.1, 0.2]}
+    planned["agents"][1]["rho_source"] = None
+    planned["tied_counted_once"] = {"lm_head.weight": "model.embed_tokens.weight"}
+    assert record_checks.plan_mismatches(recorded_report(), planned) == [
+        "r: mergekit_config.yml plans 0.3, ram_stats.json records 0.1",
+        "alpha per tensor: mergekit_config.yml plans [0.1, 0.2], ram_stats.json records one value",
+        "rho of B: mergekit_config.yml gives none (counted), ram_stats.json records 0.5 given",
+        "tied tensors counted once: mergekit_config.yml plans {'lm_head.weight': 'model.embed_tokens.weight'}, "
+        "ram_stats.json records none",
+    ]
+    planned = planned_report()
+    planned["agents"][0].update(rho=0.7, rho_source="given")
+    assert record_checks.plan_mismatches(recorded_report(), planned, source="the recorded config") == [
+        "rho of A: the recorded config gives 0.7, ram_stats.json records it counted"
+    ]
+
+
+def test_other_inputs_are_named_once():
+    planned = planned_report()
+    planned["base_model"]["model"] = "other"
+    planned["agents"].reverse()
+    assert record_checks.plan_mismatches(recorded_report(), planned) == [
+        "base model: mergekit_config.yml plans other, ram_stats.json records base",
+        "agents: mergekit_config.yml plans B, A; ram_stats.json records A, B",
+    ]
+
+
+def test_rho_recomputed_against_the_record():
+    recorded = recorded_report()
+    assert record_checks.rho_mismatches(recorded, recorded_report()) == []
+    recomputed = recorded_report(rho_by_group={"g0": {"A": 0.3, "B": 0.5}, "g1": {"A": 0.1, "B": 0.5}})
+    recomputed["agents"][0]["rho"] = 0.3
+    assert record_checks.rho_mismatches(recorded, recomputed) == [
+        "rho of A: recomputed 0.3, ram_stats.json records 0.25",
+        "rho by group differs from ram_stats.json's for 2 group(s), first g0",
+    ]
+    del recomputed["rho_by_group"]  # a scope without groups: nothing to compare
+    assert len(record_checks.rho_mismatches(recorded, recomputed)) == 1
+
+
+# ---------------------------------------------------------------- inputs and versions
+
+
+def test_identity_found_against_the_recorded_one():
+    recorded = {"content_id": HASH, "revision": "r1"}
+    check = record_checks.check_identity("A", "agent", recorded, dict(recorded))
+    assert (check.status, check.detail, check.line()) == ("same", None, "input A (agent): same")
+    check = record_checks.check_identity("A", "agent", recorded, {"content_id": "cd" * 32, "revision": "r1"})
+    assert check.status == "changed"
+    assert check.line() == f"input A (agent) changed: content_id {'cd' * 8}… now, {'ab' * 8}… recorded"
+    check = record_checks.check_identity("A", "agent", recorded, {"content_id": HASH})
+    assert check.detail == "revision none now, r1 recorded"
+    check = record_checks.check_identity("B", "agent", {}, {"content_id": HASH})
+    assert check.status == "not recorded" and check.as_json() == {
+        "model": "B",
+        "role": "agent",
+        "status": "not recorded",
+        "recorded": {},
+        "found": {"content_id": HASH},
+        "detail": None,
+    }
+    gone = record_checks.InputCheck("A", "base", "missing", recorded, None, "no such folder: /x")
+    assert gone.line() == "input A (base) cannot be read: no such folder: /x" and gone.as_json()["found"] is None
+
+
+def test_recorded_inputs_are_the_base_then_the_agents():
+    assert record_checks.recorded_inputs(recorded_report()) == [
+        ("base", "base", {"content_id": HASH}),
+        ("A", "agent", {"content_id": HASH, "revision": "r1"}),
+        ("B", "agent", {}),
+    ]
+
+
+def test_versions_other_than_the_recorded_ones_are_noted():
+    installed = {"mergekit": "0.1.5", "torch": "2.14.0", "mergekit-ram": "9.9"}
+    assert record_checks.version_notes(recorded_report(), installed) == [
+        "torch 2.14.0 is installed; the merge was made with 2.13.0 (a difference may come from that)"
+    ]
+    assert record_checks.version_notes(recorded_report(versions=None), installed) == []
