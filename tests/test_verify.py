@@ -362,7 +362,6 @@ def test_json_schema(abc, tmp_path, capsys):
 # ---------------------------------------------------------------- the mergekit-pytorch door
 
 
-@pytest.mark.xfail(strict=True, reason="needs the mergekit-pytorch door")
 def test_mergekit_pytorch_output_verifies(qwen_bf16, tmp_path, capsys):
     """A `mergekit-pytorch` merge of weight files records its config in ram_stats.json's `merge` record; verify
     plans it again with mergekit's `plan_flat_merge`, finds it identical, and names one moved element."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from mergekit_ram import config_checks, input_checks, report
 from mergekit_ram._mergekit import loading, pipeline, surface, tasks
+from mergekit_ram._mergekit.flat import of_flat
 from mergekit_ram._mergekit.planner import plan
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
 from mergekit_ram.session import MergeSession, active
@@ -123,5 +124,5 @@ def _count_flat(current: MergeSession, options: Any, tensor_union: bool, tensor_
             "some models lack tensors the others store (mergekit-pytorch's log names them); pass "
             "--tensor-intersection to leave those tensors out, or --tensor-union to merge them"
         ) from error
-    plan = tasks.of_flat(planned, current.config, options, resolves_to_ours, intersection=tensor_intersection)
+    plan = of_flat(planned, current.config, options, resolves_to_ours, intersection=tensor_intersection)
     pipeline.prepare(plan, current)

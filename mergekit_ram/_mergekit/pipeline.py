@@ -25,7 +25,7 @@ from typing import Any
 from mergekit.graph import Task
 
 from mergekit_ram import config_checks, files, input_checks, output_checks, report, session, tables
-from mergekit_ram._mergekit import counting, loading, tasks
+from mergekit_ram._mergekit import counting, flat, loading, tasks
 from mergekit_ram.method import resolves_to_ours
 
 LOG = logging.getLogger("mergekit_ram")
@@ -245,7 +245,7 @@ def plan_flat(
             output_checks.remove_stale_statistics(out_path)
             before = output_checks.weight_files(out_path)
         loading.install()  # linear-time tensor loading, while this session is current (the statistics pass)
-        plan = tasks.of_flat(
+        plan = flat.of_flat(
             plan_flat_merge(config, out_path, tensor_union, tensor_intersection, options), config, options,
             resolves_to_ours, intersection=tensor_intersection,
         )  # fmt: skip

@@ -122,13 +122,10 @@ NAMES: tuple[Name, ...] = (
     Name(_CONVERSION, "_iter_transform_matches", LOADING, "source", "6a2c25a7002bc389"),
     Name(_CONVERSION, "_expanded_target_keys", LOADING, "source", "8eab3e6797ca04ad"),
     Name("mergekit.io.loader", "TensorLoader", LOADING),
-    # verify: hub ids pinned to a recorded revision, the published weights read, mergekit-pytorch planned again
+    # verify: hub ids pinned to a recorded revision, the published weights read (a mergekit-pytorch folder: FLAT too)
     Name("mergekit.common", "ModelReference", VERIFY),
     Name("mergekit.common", "ModelPath", VERIFY),
-    Name(_TASKS, "SaveTensor", VERIFY),
     Name(_TASKS, "LoaderCache.loaders", VERIFY, "annotation"),
-    Name("mergekit.scripts.merge_raw_pytorch", "plan_flat_merge", VERIFY),
-    Name("mergekit.scripts.merge_raw_pytorch", "RawPyTorchMergeConfig", VERIFY),
     # public API: the method definition, registration, the CLI
     Name("mergekit", "merge_methods", PUBLIC),
     Name("mergekit.merge_methods", "merge_method", PUBLIC),

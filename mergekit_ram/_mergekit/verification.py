@@ -41,12 +41,13 @@ def verify(folder: str, options: Any) -> compare.Outcome:
     be read. Otherwise the outcome, identical or naming what differs.
     """
     refuse_foreign(NAME)
-    problems = surface.problems(surface.PREPASS) + surface.problems(surface.MERGE) + surface.problems(surface.VERIFY)
-    if problems:
-        raise compare.NotVerifiable("mergekit-ram cannot verify: " + "; ".join(problems))
     folder = os.path.abspath(folder)
     recorded = compare.read_report(folder)
     record = compare.merge_record(recorded)
+    door = surface.FLAT if record.get("entry_point") == "mergekit-pytorch" else surface.MERGE
+    problems = surface.problems(surface.PREPASS) + surface.problems(door) + surface.problems(surface.VERIFY)
+    if problems:
+        raise compare.NotVerifiable("mergekit-ram cannot verify: " + "; ".join(problems))
     outcome = compare.Outcome(folder=folder, entry_point=record.get("entry_point"))
     outcome.notes += compare.version_notes(recorded, {n: versions.installed(n) for n in report.VERSIONED})
     options = recorded_options(record, options)
