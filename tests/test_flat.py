@@ -17,10 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from mergekit.options import MergeOptions
 
 import models
 import reference as R
 from helpers import closed_form, differing, flat_config_text, number, read_stats, run_flat, validate_schema
+
+from mergekit_ram import report
 
 AGENTS = ("A", "B", "C")
 
@@ -73,6 +76,8 @@ def _counts_match(report, flat, fmt, agents=AGENTS, names=None):
 def _record(flat, fmt, text_dtype, union=False, intersection=False, agents=AGENTS):
     return {
         "entry_point": "mergekit-pytorch",
+        # mergekit's defaults of the options that change a merge (report.RECORDED_OPTIONS)
+        "options": {name: MergeOptions.model_fields[name].default for name in report.RECORDED_OPTIONS},
         "config": {
             "merge_method": "ramplus",
             "models": [{"model": flat.path(a, fmt), "parameters": None} for a in agents],

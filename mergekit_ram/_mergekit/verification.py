@@ -105,7 +105,7 @@ def _verify_run_merge(folder: str, recorded: dict, record: dict, options: Any, o
             outcome.parameters = compare.plan_mismatches(recorded, _relabel(_plan_report(planner), labels))
             if outcome.parameters:
                 return
-            pipeline.prepare(planner, current)
+            pipeline.prepare(tasks.of_planner(planner), current)
         except (OSError, ValueError) as error:
             raise InputError(str(error) or type(error).__name__) from error
         assert current.report is not None
@@ -202,7 +202,7 @@ def _inputs_unchanged(config: Any, recorded: dict, labels: dict[str, str], outco
 
 def _plan_report(planner: Any) -> dict:
     """The report of what `planner` plans, before anything is counted (parameters, inputs, given rho, tied pairs)."""
-    found = tasks.planned(planner, resolves_to_ours)
+    found = tasks.planned(tasks.of_planner(planner), resolves_to_ours)
     if not found:
         raise ValueError("the config plans no ramplus tensor")
     planned = [task for _, task in found]
