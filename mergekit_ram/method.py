@@ -156,9 +156,9 @@ def ask_why_prepass_unavailable(reason: Callable[[], str | None]) -> None:
 def _missing_rho_message(tensor: str | None, missing: Sequence[str]) -> str:
     unavailable = _why_unavailable()
     return (
-        f"ramplus: no global rho for {', '.join(missing)} (tensor {tensor}). RAM+ needs "
-        "rho over the whole model, which only the statistics pre-pass of `mergekit-yaml` and "
-        "`mergekit-pytorch` (or mergekit_ram.merge_state_dicts) computes; this entry point merges one "
-        "tensor at a time. Set `r: 0` for plain RAM, or give `rho` for every model."
+        f"ramplus: no global rho for {', '.join(missing)} (tensor {tensor}). RAM+ needs rho over the whole "
+        "model, which the statistics pre-pass of `mergekit-yaml` and `mergekit-pytorch` computes (in memory: "
+        "mergekit_ram.merge_state_dicts); this entry point (mergekit's merge_tensors or merge_state_dicts) merges "
+        "one tensor at a time. Set `r: 0` for plain RAM, or give `rho` for every model."
         + (f" The pre-pass is unavailable: {unavailable}" if unavailable else "")
     )
