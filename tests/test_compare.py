@@ -1,6 +1,6 @@
 """`compare.py`: what `mergekit-ram verify` finds in one folder, as text and as JSON (`Outcome`, `dumps`), and
 the module verify's users import (the bit comparison and the record's checks re-exported from `bitwise` and
-`record_checks`). The `--json` schema against real folders: tests/test_verify.py::test_json_schema.
+`record_checks`). The `--json` schema against real folders: tests/test_verification.py::test_json_schema.
 """
 
 from __future__ import annotations

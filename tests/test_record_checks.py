@@ -3,7 +3,7 @@
 The folder's `ram_stats.json` read (usage errors and data errors told apart), its merge record, damaged
 weight files and tensors the index does not name, the plan and the recomputed rho against the record,
 an input's identity against the recorded one, installed versions against the recorded ones. Through
-`mergekit-ram verify` on real folders: tests/test_verify.py, tests/reliability/test_verify_cases.py.
+`mergekit-ram verify` on real folders: tests/test_verification.py, tests/reliability/test_verify_cases.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`_mergekit/rerun.py`: the compare task that stands where mergekit would save a tensor, on plain tensors.
 
-The merge run again on mergekit's executors, against real folders: tests/test_verify.py.
+The merge run again on mergekit's executors, against real folders: tests/test_verification.py.
 """
 
 from __future__ import annotations

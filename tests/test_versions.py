@@ -1,0 +1,22 @@
+"""`mergekit_ram.versions`: one lookup of installed versions for `--version`, the card, ram_stats.json, the guard."""
+
+from importlib import metadata
+
+from mergekit_ram import versions
+
+
+def test_installed_versions_are_the_metadata():
+    for name in ("mergekit", "mergekit-ram", "torch"):
+        assert versions.installed(name) == metadata.version(name)
+
+
+def test_a_missing_distribution_is_unknown():
+    assert versions.installed("no-such-distribution-mergekit-ram") == versions.UNKNOWN == "unknown"
+
+
+def test_unreadable_metadata_is_unknown(monkeypatch):
+    def broken(name):
+        raise OSError("metadata unreadable")
+
+    monkeypatch.setattr(metadata, "version", broken)
+    assert versions.installed("mergekit") == "unknown"
