@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,7 +42,7 @@ class Difference:
 
     def line(self) -> str:
         if self.status == "differs":
-            size = "" if self.max_abs is None else f", max |difference| {_shown(self.max_abs)}"
+            size = "" if self.max_abs is None else f", max |difference| {shown(self.max_abs)}"
             nan = f", {self.nan:,} of them NaN against another value" if self.nan else ""
             return f"differs: {self.name}: {self.differing:,} of {self.elements:,} elements{size}{nan}"
         if self.status in ("dtype", "shape"):
@@ -62,7 +63,7 @@ class Difference:
             "elements": self.elements,
             "differing": self.differing,
             "nan": self.nan,
-            "max_abs_difference": None if self.max_abs is None else _number(self.max_abs),
+            "max_abs_difference": None if self.max_abs is None else json_number(self.max_abs),
             "published": self.published,
             "recomputed": self.recomputed,
             "detail": self.detail,
@@ -133,12 +134,17 @@ def _bits_differ(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (bx != by).any(dim=1)
 
 
-def _number(value: float) -> float | str:
-    """A |difference| as JSON holds it (inf as "inf", as ram_stats.json writes it)."""
-    if math.isinf(value):
+def json_number(value: Any) -> Any:
+    """A number as verify's JSON holds it (inf as "inf", as ram_stats.json writes it); anything else as it is."""
+    if isinstance(value, float) and math.isinf(value):
         return "inf" if value > 0 else "-inf"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
     return float(value)
 
 
-def _shown(value: float) -> str:
-    return "inf" if math.isinf(value) and value > 0 else f"{value:g}"
+def shown(value: Any) -> str:
+    """A number as verify's text shows it."""
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) and value > 0 else f"{value:g}"
+    return str(value)

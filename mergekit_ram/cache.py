@@ -46,17 +46,7 @@ def folder_identity(path: str) -> dict:
         full = os.path.join(path, name)
         if not os.path.isfile(full):
             continue
-        st = os.stat(full)  # follows hub symlinks to their blobs
-        entry: dict[str, int | str] = {
-            "size": st.st_size,
-            "mtime_ns": st.st_mtime_ns,
-            "ctime_ns": st.st_ctime_ns,
-            "inode": st.st_ino,
-        }
-        if name.endswith(".safetensors"):
-            entry["header_sha256"] = _safetensors_header_hash(full)
-            entry["sample_sha256"] = _sample_hash(full, st.st_size)
-        entries[name] = entry
+        entries[name] = _file_entry(full, sampled=name.endswith(".safetensors"))
     identity = {"path": path, "files": entries}
     parent = os.path.basename(os.path.dirname(path))
     if parent == "snapshots":  # a Hugging Face hub snapshot: the folder name is the revision
@@ -70,6 +60,12 @@ def file_identity(path: str) -> dict:
     safetensors (a PyTorch pickle) has no header to hash: its samples tell it apart.
     """
     path = os.path.realpath(path)
+    return {"path": path, "files": {os.path.basename(path): _file_entry(path, sampled=True)}}
+
+
+def _file_entry(path: str, *, sampled: bool) -> dict[str, int | str]:
+    """One file's entry in an identity: size, times and inode (`os.stat` follows hub symlinks to their blobs); a
+    safetensors file's header hash; sixteen samples of its bytes when `sampled`."""
     st = os.stat(path)
     entry: dict[str, int | str] = {
         "size": st.st_size,
@@ -79,8 +75,9 @@ def file_identity(path: str) -> dict:
     }
     if path.endswith(".safetensors"):
         entry["header_sha256"] = _safetensors_header_hash(path)
-    entry["sample_sha256"] = _sample_hash(path, st.st_size)
-    return {"path": path, "files": {os.path.basename(path): entry}}
+    if sampled:
+        entry["sample_sha256"] = _sample_hash(path, st.st_size)
+    return entry
 
 
 def indexed_files(path: str) -> set[str]:

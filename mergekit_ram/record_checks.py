@@ -10,13 +10,13 @@ users import (it re-exports these).
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from mergekit_ram import files, output_checks
+from mergekit_ram.bitwise import json_number, shown
 
 #: ram_stats.json format versions verify can read (1 and 2 have no `merge` record: run_merge, default options)
 READABLE = (1, 2, 3)
@@ -119,7 +119,7 @@ def plan_mismatches(recorded: dict, planned: dict, *, source: str = CONFIG_FILE)
     for name, value in planned["parameters"].items():
         was = recorded["parameters"].get(name)
         if not _same(value, was):
-            found.append(f"{name}: {said} {_shown(value)}, ram_stats.json records {_shown(was)}")
+            found.append(f"{name}: {said} {shown(value)}, ram_stats.json records {shown(was)}")
     varying, was_varying = planned["per_tensor_parameters"], recorded.get("per_tensor_parameters") or {}
     for name in sorted(set(varying) | set(was_varying)):
         if not _same(varying.get(name), was_varying.get(name)):
@@ -141,9 +141,9 @@ def plan_mismatches(recorded: dict, planned: dict, *, source: str = CONFIG_FILE)
             if not _same(given, was_given):
                 found.append(
                     f"rho of {row['model']}: {source} "
-                    + (f"gives {_shown(given)}" if given is not None else "gives none (counted)")
+                    + (f"gives {shown(given)}" if given is not None else "gives none (counted)")
                     + ", ram_stats.json records "
-                    + (f"{_shown(was_given)} given" if was_given is not None else "it counted")
+                    + (f"{shown(was_given)} given" if was_given is not None else "it counted")
                 )
     tied, was_tied = planned.get("tied_counted_once") or {}, recorded.get("tied_counted_once") or {}
     if tied != was_tied:
@@ -158,7 +158,7 @@ def rho_mismatches(recorded: dict, recomputed: dict) -> list[str]:
     for row in recomputed["agents"]:
         was = rows.get(row["model"])
         if was is not None and not _same(row["rho"], was.get("rho")):
-            now, then = _shown(row["rho"]), _shown(was.get("rho"))
+            now, then = shown(row["rho"]), shown(was.get("rho"))
             found.append(f"rho of {row['model']}: recomputed {now}, ram_stats.json records {then}")
     groups, was_groups = recomputed.get("rho_by_group"), recorded.get("rho_by_group")
     if groups is not None and was_groups is not None and groups != was_groups:
@@ -230,22 +230,8 @@ def version_notes(recorded: dict, installed: Mapping[str, str]) -> list[str]:
 def _same(a: Any, b: Any) -> bool:
     """Equal as ram_stats.json writes them (numbers by value, inf as "inf", lists in any order)."""
     if isinstance(a, list) and isinstance(b, list):
-        return sorted(map(_number, a), key=str) == sorted(map(_number, b), key=str)
-    return _number(a) == _number(b)
-
-
-def _number(value: Any) -> Any:
-    if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return value
-    return float(value)
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, float):
-        return "inf" if math.isinf(value) and value > 0 else f"{value:g}"
-    return str(value)
+        return sorted(map(json_number, a), key=str) == sorted(map(json_number, b), key=str)
+    return json_number(a) == json_number(b)
 
 
 def _short(value: Any) -> str:
@@ -256,4 +242,4 @@ def _short(value: Any) -> str:
 
 
 def _values(values: Iterable[Any] | None) -> str:
-    return "one value" if values is None else "[" + ", ".join(_shown(v) for v in values) + "]"
+    return "one value" if values is None else "[" + ", ".join(shown(v) for v in values) + "]"
