@@ -1,17 +1,23 @@
 """The newest-dependencies stage got the newest releases: python .ci/newest.py (in that venv)
 
-For torch, transformers and mergekit: the newest final release the package index offers this
-interpreter (`pip index versions`) within the range mergekit-ram declares must be the one
-installed. pip's resolver takes the newest first but backtracks quietly when something else
-holds a package back; this makes that a failure, naming the versions, instead of a pass on
-older ones. Prints the versions.
+For torch, transformers and mergekit: the newest release that pip itself would install for this
+interpreter under its configuration (a dry run: `pip install --dry-run --report`, which honours
+pip's constraint files, find-links and extra indexes; `pip index versions` ignores constraints)
+within the range mergekit-ram declares must be the one installed. pip's resolver takes the newest
+first but backtracks quietly when something else holds a package back; this makes that a failure,
+naming the versions, instead of a pass on older ones. Where pip's configuration caps a package
+below what the index lists, it says which cap it met (the machine's choice, not a failure).
+Prints the versions.
 """
 
 import contextlib
+import json
+import os
 import re
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
@@ -19,13 +25,22 @@ from packaging.version import InvalidVersion, Version
 NAMES = ("torch", "transformers", "mergekit")
 
 
-def available(name: str) -> list[Version]:
-    out = subprocess.run(
-        [sys.executable, "-m", "pip", "index", "versions", name],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+def pip(*args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=True).stdout
+
+
+def would_install(name: str, specifier: str) -> Version:
+    """The version `pip install NAME<spec>` picks here, alone, under pip's configuration."""
+    report = json.loads(
+        pip("install", "--dry-run", "--quiet", "--ignore-installed", "--no-deps", "--report", "-", f"{name}{specifier}")
+    )
+    (item,) = report["install"]
+    return Version(item["metadata"]["version"])
+
+
+def listed(name: str) -> list[Version]:
+    """Every final release the indexes list (constraints not applied)."""
+    out = pip("index", "versions", name)
     found = re.search(r"^Available versions:(.*)$", out, re.M)
     assert found, f"pip index versions {name}: no 'Available versions:' line in\n{out}"
     versions = []
@@ -33,6 +48,21 @@ def available(name: str) -> list[Version]:
         with contextlib.suppress(InvalidVersion):
             versions.append(Version(text.strip()))
     return versions
+
+
+def caps(name: str) -> list[str]:
+    """The lines of pip's constraint files (its configuration and PIP_CONSTRAINT) that name NAME."""
+    files = os.environ.get("PIP_CONSTRAINT", "").split()
+    for value in re.findall(r"^[\w:.-]*constraint='(.*)'$", pip("config", "list"), re.M):
+        files += value.split()
+    found = []
+    for file in files:
+        with contextlib.suppress(OSError):
+            for line in Path(file).read_text().splitlines():
+                text = line.split("#", 1)[0].strip()
+                if text and Requirement(text).name.lower() == name:
+                    found.append(f"{text} ({file})")
+    return found
 
 
 declared = {
@@ -43,11 +73,12 @@ declared = {
 problems = []
 for name in NAMES:
     specifier = declared[name]
-    offered = [v for v in available(name) if specifier.contains(v)]  # final releases only
-    assert offered, f"the index offers no {name} within {specifier}"
-    newest = max(offered)
+    newest = would_install(name, str(specifier))
     installed = Version(metadata.version(name))
-    line = f"{name} {installed} (newest offered within '{specifier}': {newest})"
+    line = f"{name} {installed} (newest pip installs here within '{specifier}': {newest})"
+    offered = [v for v in listed(name) if specifier.contains(v)]
+    if offered and Version(max(offered).public) > Version(newest.public):
+        line += f"; the index lists {max(offered)}, capped by pip's configuration: {', '.join(caps(name)) or '?'}"
     print(line)
     if Version(installed.public) != Version(newest.public):  # a +cpu build counts as its release
         problems.append(line)
