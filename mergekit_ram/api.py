@@ -9,10 +9,12 @@ and merged once, as mergekit counts a tied lm_head once.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from mergekit_ram import kernel, params, statistics
+from mergekit_ram.errors import RamError
 from mergekit_ram.params import DEFAULTS
 
 StateDict = Mapping[str, torch.Tensor]
@@ -24,10 +26,18 @@ def agent_statistics(
     base: StateDictLike, agents: Agents, *, epsilon: float = DEFAULTS["epsilon"]
 ) -> dict[Hashable, statistics.AgentStats]:
     """Whole-model counts per agent (density, unique, shared, rho)."""
-    epsilon = params.check("epsilon", epsilon, label="epsilon")
+    epsilon = _checked("epsilon", epsilon, label="epsilon")
     base_sd, named = _inputs(base, agents)
     totals = _count(base_sd, named, epsilon).totals()
     return {name: totals[str(name)] for name, _ in named}
+
+
+def _checked(name: str, value: Any, **how: Any) -> Any:
+    """`params.check`, its refusal a `RamError` (params is a leaf below `errors`)."""
+    try:
+        return params.check(name, value, **how)
+    except ValueError as error:
+        raise RamError(str(error)) from None
 
 
 def _count(base_sd: StateDict, named, epsilon: float) -> statistics.Statistics:
@@ -64,9 +74,9 @@ def merge_state_dicts(
     `rho_scope`) unless given for every agent, e.g. from `agent_statistics`,
     to sweep r without recounting. Returns new tensors; inputs are untouched.
     """
-    epsilon, r, alpha = (params.check(n, v, label=n) for n, v in (("epsilon", epsilon), ("r", r), ("alpha", alpha)))
-    params.check("rho_scope", rho_scope, label="rho_scope")
-    params.check("lambda_rule", lambda_rule, label="lambda_rule")
+    epsilon, r, alpha = (_checked(n, v, label=n) for n, v in (("epsilon", epsilon), ("r", r), ("alpha", alpha)))
+    _checked("rho_scope", rho_scope, label="rho_scope")
+    _checked("lambda_rule", lambda_rule, label="lambda_rule")
     base_sd, named = _inputs(base, agents)
     names = [n for n, _ in named]
     given = _rho_values(rho, names)
@@ -109,14 +119,14 @@ def _inputs(base: StateDictLike, agents: Agents):
     base_sd = _as_state_dict(base, "base")
     items = list(agents.items()) if isinstance(agents, Mapping) else list(enumerate(agents))
     if not items:
-        raise ValueError("at least one agent is required")
+        raise RamError("at least one agent is required")
     named = [(name, _as_state_dict(sd, f"agent {name!r}")) for name, sd in items]
     if len({str(name) for name, _ in named}) != len(named):
-        raise ValueError("agent names must be distinct as strings")
+        raise RamError("agent names must be distinct as strings")
     for name, sd in named:
         missing, extra = set(base_sd) - set(sd), set(sd) - set(base_sd)
         if missing or extra:
-            raise ValueError(
+            raise RamError(
                 f"agent {name!r} does not match the base: missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}"
             )
     return base_sd, named
@@ -157,10 +167,10 @@ def _copy_buffer(key, tensor, inputs, names) -> torch.Tensor:
             for name, other in zip(names, inputs, strict=True)
             if not other.is_floating_point()
         ]
-        raise ValueError(f"tensor {key} is {tensor.dtype} in the base but not a float in agent {', '.join(odd)}")
+        raise RamError(f"tensor {key} is {tensor.dtype} in the base but not a float in agent {', '.join(odd)}")
     for name, other in zip(names, inputs, strict=True):
         if other.dtype != tensor.dtype or not torch.equal(other, tensor):
-            raise ValueError(f"non-float tensor {key} differs between the base and agent {name!r}")
+            raise RamError(f"non-float tensor {key} differs between the base and agent {name!r}")
     return tensor.clone()
 
 
@@ -172,8 +182,8 @@ def _rho_values(rho, names) -> list[float | None]:
     else:
         values = list(rho)
         if len(values) != len(names):
-            raise ValueError(f"rho has {len(values)} values for {len(names)} agents")
+            raise RamError(f"rho has {len(values)} values for {len(names)} agents")
     return [
-        None if v is None else params.check("rho", v, label=f"rho for agent {n!r}")
+        None if v is None else _checked("rho", v, label=f"rho for agent {n!r}")
         for n, v in zip(names, values, strict=True)
     ]

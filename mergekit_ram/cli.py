@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from mergekit_ram import versions
+from mergekit_ram import errors, versions
 
 PROG = "mergekit-ram"
 #: An agent denser than this is reported as SFT-like (`inspect`).
@@ -129,6 +129,13 @@ def _inspect(
 
     if not config.is_file():
         raise _UsageError(f"no such config file: {config}")
+    if plot:  # before minutes of reading weights
+        from mergekit_ram import plot as plotting
+
+        try:
+            plotting.require()
+        except RuntimeError as error:
+            raise _UsageError(str(error)) from error
     for name, value in (("r", r), ("alpha", alpha)):  # before minutes of reading weights
         if value is not None:
             params.check(name, value, label=f"--{name}")
@@ -293,6 +300,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except (_InputError, _UsageError, OSError, ValueError) as error:
+        if errors.wants_traceback():  # -v or MERGEKIT_RAM_TRACEBACK=1
+            import traceback
+
+            traceback.print_exc()
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"{PROG} {command}: error: {message}", file=sys.stderr)
         return 1 if isinstance(error, _InputError) else 2

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import difflib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from mergekit_ram import params
+from mergekit_ram.errors import RamError
 
 LOG = logging.getLogger("mergekit_ram")
 
@@ -21,9 +23,9 @@ def check_config(config: Any, *, parameters: bool = True) -> None:
         slices.extend(module.slices or [])
     bases.update(s.base_model for s in slices if s.base_model is not None)
     if not bases:
-        raise ValueError("ramplus needs `base_model`: task vectors are measured against it")
+        raise RamError("ramplus needs `base_model`: task vectors are measured against it")
     if len(bases) > 1:
-        raise ValueError(
+        raise RamError(
             "ramplus needs one base model for the whole merge (rho is counted over the whole model); "
             f"this config uses {len(bases)}: " + ", ".join(sorted(str(b) for b in bases))
         )
@@ -55,13 +57,15 @@ def _check_parameter_names(config: Any) -> None:
                 _check_value(key, (given or {})[key], where)
                 continue
             if key in shared:
-                raise ValueError(
+                raise RamError(
                     f"ramplus parameter '{key}' is set under {where}, where mergekit ignores it: it is "
                     f"shared by all models; put it under the top-level `parameters:` (filters allow per-tensor values)"
                 )
+            if key in OFFICIAL:
+                raise RamError(f"ramplus parameter '{key}' under {where} {OFFICIAL[key]((given or {})[key])}")
             close = difflib.get_close_matches(key, sorted(shared | per_model), n=1, cutoff=0.6)
             if close:
-                raise ValueError(f"unknown ramplus parameter '{key}' under {where}; did you mean '{close[0]}'?")
+                raise RamError(f"unknown ramplus parameter '{key}' under {where}; did you mean '{close[0]}'?")
             LOG.warning(
                 "ramplus: parameter '%s' under %s is not a ramplus parameter and is ignored "
                 "(ramplus takes %s; per model: %s)",
@@ -72,11 +76,47 @@ def _check_parameter_names(config: Any) -> None:
             )
 
 
+def _rescale(value: Any) -> str:
+    what = "is the official ram-main.py's --rescale_factor R (R = 1 + r, alpha effectively 1)"
+    number = params.number_or_none(value)
+    if number is None:
+        return f"{what}: write `r:` (and `alpha: 1` to match the script) instead"
+    if number <= 1:
+        return f"{what}, and R <= 1 is plain RAM there: write `r: 0`, or `r: {number:g}` if you meant the paper's r"
+    return f"{what}: write `r: {number - 1:g}` and `alpha: 1` to match the script, or `r: {number:g}` for the paper's r"
+
+
+def _mode(value: Any) -> str:
+    what = "is the official ram-main.py's --merge_mode"
+    instead = {
+        "arm": "RAM is `r: 0`",
+        "arm-r": "its arm-r (RAM+s) is `lambda_rule: soft`",
+        "arm-r-v2": "its arm-r-v2 (RAM+) is ramplus's default (add `alpha: 1` to match the script)",
+    }
+    return f"{what}: {instead.get(str(value), 'ramplus offers arm, arm-r and arm-r-v2 only')}; remove it"
+
+
+#: The official script's (ram-main.py) names, refused with what to write instead: a warning would let the merge
+#: run with the defaults (`R: 0.2` merged with r = 0.1).
+OFFICIAL: dict[str, Callable[[Any], str]] = {
+    "R": _rescale,
+    "rescale_factor": _rescale,
+    "threshold": lambda v: f"is the official ram-main.py's --threshold: write `epsilon: {v}` instead",
+    "merge_mode": _mode,
+    "target_index": lambda _v: (
+        "belongs to the official ram-main.py's arm-unique probe, which ramplus does not offer; remove it"
+    ),
+}
+
+
 def _check_value(key: str, setting: Any, where: str) -> None:
     """A value mergekit would coerce or pass on unchecked (a string, a bool, an unknown
     scope) is an error naming the parameter and its place, before any weight is read."""
     for value in _scalars(setting):
-        params.check(key, value, where=where, text=True)
+        try:
+            params.check(key, value, where=where, text=True)
+        except ValueError as error:  # params is a leaf below errors: its refusals become ours here
+            raise RamError(str(error)) from None
 
 
 def _scalars(setting: Any) -> list[Any]:
@@ -103,10 +143,10 @@ def check_devices(options: Any) -> None:
     # a device count, not the build's accelerator type: a CUDA build of torch names "cuda" on a machine without one
     none = (accelerator.device_count() if accelerator else torch.cuda.device_count()) == 0
     if getattr(options, "multi_gpu", False) and none:
-        raise ValueError("--multi-gpu (also set by --gpu-rich) needs a GPU, and torch sees none on this machine")
+        raise RamError("--multi-gpu (also set by --gpu-rich) needs a GPU, and torch sees none on this machine")
     available = {"cuda": torch.cuda.is_available, "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available()}
     if kind in available and not available[kind]():
-        raise ValueError(
+        raise RamError(
             f"device {device!r} (--cuda, --gpu-rich or --device) is not available: torch sees no {kind} device "
             "on this machine; merge on the CPU (leave the flag out) or on a machine with one"
         )

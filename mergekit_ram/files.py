@@ -15,6 +15,8 @@ import os
 import secrets
 import tempfile
 
+from mergekit_ram.errors import RamError, WriteError
+
 #: bytes per element of the safetensors dtypes (sub-byte floats and others: none)
 WIDTHS = {
     "BOOL": 1,
@@ -45,7 +47,7 @@ def read_header(path: str) -> tuple[bytes, dict]:
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
         if size > MAX_HEADER:
-            raise ValueError(f"{path}: implausible safetensors header size {size}")
+            raise RamError(f"{path}: implausible safetensors header size {size}")
         raw = f.read(size)
     try:
         header = json.loads(raw)
@@ -68,7 +70,7 @@ def check_safetensors(file: str) -> None:
             pass
     except SafetensorError as error:
         reason = str(error).removeprefix("Error while deserializing header: ")
-        raise ValueError(
+        raise RamError(
             f"input file {file} is not a valid safetensors file: {reason}{_misfit(file)} "
             "(a truncated download? fetch it again)"
         ) from error
@@ -105,7 +107,7 @@ def indexed_weight_files(index: str) -> list[str]:
     except FileNotFoundError:
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"input model index {index} is unreadable: {error!r}") from error
+        raise RamError(f"input model index {index} is unreadable: {error!r}") from error
 
 
 def write_atomic(path: str, text: str, *, mode: int | None = None, private: bool = True) -> None:
@@ -126,7 +128,7 @@ def write_atomic(path: str, text: str, *, mode: int | None = None, private: bool
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as error:
-        raise OSError(error.errno, f"could not write {path}: {error.strerror or error}") from error
+        raise WriteError(error.errno, f"could not write {path}: {error.strerror or error}") from error
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mergekit_ram import files
+from mergekit_ram.errors import RamError
 
 LOG = logging.getLogger("mergekit_ram")
 
@@ -21,29 +22,92 @@ def check_input_files(config: Any) -> None:
         if not os.path.isdir(path):
             continue  # a hub id: mergekit resolves (and validates) it
         if not os.path.isfile(os.path.join(path, "config.json")):
-            raise ValueError(f"input model {path} has no config.json (an incomplete download or copy?)")
+            raise RamError(f"input model {path} has no config.json (an incomplete download or copy?)")
         weights = _safetensors_files(path)
         for file in weights:
             files.check_safetensors(file)
         pickle = os.path.join(path, "pytorch_model.bin")
         if not weights and os.path.isfile(pickle):
             check_pickle(pickle)
+        if not weights and not any(name.endswith(WEIGHT_SUFFIXES) for name in os.listdir(path)):
+            raise RamError(
+                f"input model {path} holds no weight file (model.safetensors, shards with an index, or "
+                "pytorch_model.bin): an incomplete download or copy?"
+            )
+
+
+#: what a weight file of a model folder is called (any of them: mergekit resolves which it reads)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 def check_input_file(path: str) -> None:
     """One input file of `mergekit-pytorch` (a model is one file there): it exists and is a file, a
     safetensors file safetensors opens, or a PyTorch pickle that holds tensors only (`check_pickle`)."""
     if not os.path.exists(path):
-        raise ValueError(f"input file {path} does not exist")
+        raise RamError(f"input file {path} does not exist")
     if os.path.isdir(path):
-        raise ValueError(
+        raise RamError(
             f"input {path} is a folder: mergekit-pytorch merges single files (.safetensors or a PyTorch "
             "checkpoint); merge model folders with mergekit-yaml"
         )
     if path.lower().endswith(".safetensors"):
         files.check_safetensors(path)
     else:
+        check_torch_format(path)
         check_pickle(path)
+        check_state_dict(path)
+
+
+def check_torch_format(file: str) -> None:
+    """A file `torch.save` wrote begins as a zip archive (`PK`) or a pickle (`\\x80`): anything else (a text
+    file named `.pt`, an empty file) is named as not a checkpoint, before torch's unpickling error."""
+    with open(file, "rb") as f:
+        head = f.read(8)
+    if head.startswith(b"PK") or head[:1] == b"\x80":
+        return
+    what = "is empty" if not head else f"begins with {head!r}"
+    raise RamError(
+        f"input file {file} is not a PyTorch checkpoint: torch.save writes a zip archive or a pickle, and this "
+        f"file {what}; give a file written by torch.save(model.state_dict(), path) or a .safetensors file"
+    )
+
+
+def check_state_dict(file: str) -> None:
+    """A weights-only checkpoint (`check_pickle` passed) holds tensors by name: name a training checkpoint's
+    nesting (`{"model": state_dict, "step": 100}`) and any other entry that is not a tensor.
+
+    Read with `mmap` (a zip checkpoint) or onto the meta device (an older one): no weight is read."""
+    import torch
+
+    zipped = zipfile.is_zipfile(file)
+    try:
+        data = torch.load(file, map_location="meta" if not zipped else None, mmap=zipped, weights_only=True)
+    except Exception:
+        return  # check_pickle judged the file; mergekit's loader names what is left
+    if not isinstance(data, Mapping):
+        raise RamError(
+            f"input file {file} holds a {type(data).__name__}, not a state_dict (tensors by name); "
+            "save torch.save(model.state_dict(), path)"
+        )
+    odd = {str(k): v for k, v in data.items() if not isinstance(v, torch.Tensor)}
+    nested = [
+        k for k, v in odd.items() if isinstance(v, Mapping) and any(isinstance(x, torch.Tensor) for x in v.values())
+    ]
+    if nested:
+        others = ", ".join(repr(k) for k in odd if k not in nested)
+        raise RamError(
+            f"input file {file} holds a nested dict under {' and '.join(repr(k) for k in nested)}"
+            + (f" (beside {others})" if others else "")
+            + f": a training checkpoint, not a state_dict; save model.state_dict() (or checkpoint[{nested[0]!r}]) "
+            "with torch.save and merge that file"
+        )
+    if odd:
+        name, value = next(iter(odd.items()))
+        raise RamError(
+            f"input file {file} holds {name!r}, a {type(value).__name__}, not a tensor"
+            + (f" (and {len(odd) - 1} more entries that are not tensors)" if len(odd) > 1 else "")
+            + ": mergekit-pytorch merges a file of tensors; save model.state_dict() with torch.save"
+        )
 
 
 def check_pickle(file: str) -> None:
@@ -65,9 +129,9 @@ def check_pickle(file: str) -> None:
     try:
         unsafe = get_unsafe_globals_in_checkpoint(file)
     except Exception as error:
-        raise ValueError(f"input file {file} is not a readable PyTorch checkpoint: {error}") from error
+        raise RamError(f"input file {file} is not a readable PyTorch checkpoint: {error}") from error
     if unsafe:
-        raise ValueError(
+        raise RamError(
             f"input file {file} is a pickle that refers to {', '.join(unsafe)}: unpickling it could run code, "
             "so it is not loaded (mergekit loads weights only). Convert the model to safetensors."
         )
@@ -82,12 +146,12 @@ def _check_legacy_pickle(file: str) -> None:
         torch.load(file, map_location="meta", weights_only=True)
     except pickle.UnpicklingError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(
+        raise RamError(
             f"input file {file} is a pickle that holds more than tensors ({first}): unpickling it could run code, "
             "so it is not loaded (mergekit loads weights only). Convert the model to safetensors."
         ) from error
     except Exception as error:
-        raise ValueError(f"input file {file} is not a readable PyTorch checkpoint: {error}") from error
+        raise RamError(f"input file {file} is not a readable PyTorch checkpoint: {error}") from error
 
 
 def _safetensors_files(path: str) -> list[str]:
@@ -99,7 +163,7 @@ def _safetensors_files(path: str) -> list[str]:
         return [single] if os.path.isfile(single) else []
     missing = [shard for shard in shards if not os.path.isfile(shard)]
     if missing:
-        raise ValueError(f"input model index {index} names missing shard(s): {', '.join(missing)}")
+        raise RamError(f"input model index {index} names missing shard(s): {', '.join(missing)}")
     return shards
 
 
@@ -124,7 +188,7 @@ def check_stored_tensors(rows: Sequence[tuple[str, str, bool, Mapping[str, Store
             if model == base_model:
                 continue
             if found is None:
-                raise ValueError(
+                raise RamError(
                     f"ramplus: tensor {name} is in the base model {base_model} but not in {model}: "
                     "the models do not share one architecture (tied embeddings in one only?)"
                 )
@@ -132,13 +196,13 @@ def check_stored_tensors(rows: Sequence[tuple[str, str, bool, Mapping[str, Store
             if dtype is None or base_dtype is None or shape is None or base_shape is None:
                 continue  # not a safetensors file: the loader checks it
             if _is_float(base_dtype) and not _is_float(dtype):
-                raise ValueError(
+                raise RamError(
                     f"ramplus: tensor {name} of {model} is stored as {dtype}, in the base model "
                     f"{base_model} as {base_dtype}: only floating-point weights can be merged (a quantized "
                     "or integer checkpoint would be cast and merged as numbers); use an unquantized export"
                 )
             if shape != base_shape and not vocabulary:
-                raise ValueError(
+                raise RamError(
                     f"ramplus: tensor {name} has shape {tuple(shape)} in {model} but {tuple(base_shape)} in the "
                     f"base model {base_model}: the models do not share one architecture"
                 )

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from mergekit_ram import native
+from mergekit_ram.errors import RamError
 
 # the scalar formulas (Eqs. 2, 6, RAM+s), offered here beside the tensor math
 from mergekit_ram.formulas import lambda_clip as lambda_clip
@@ -30,7 +31,7 @@ CHUNK_ACCELERATOR = 1 << 24
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
-class NonFiniteInputError(ValueError):
+class NonFiniteInputError(RamError):
     """An input tensor holds NaN or Inf; merging it would spread NaN silently."""
 
 

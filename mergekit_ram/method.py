@@ -26,9 +26,15 @@ from mergekit.merge_methods import (
 from pydantic import AfterValidator
 
 from mergekit_ram import kernel, params, session, statistics, versions
+from mergekit_ram.errors import RamError
 from mergekit_ram.params import DEFAULTS
 
 NAME = "ramplus"
+
+
+class RhoUnavailable(RamError, RuntimeError):
+    """r > 0 without rho for an agent and no statistics pass to count it (mergekit's per-tensor API, or a
+    mergekit whose insides changed): the message says what to give instead."""
 
 
 def _valid(name: str):
@@ -63,7 +69,7 @@ def ramplus(
     else:
         missing = [name for entry, name in zip(agents, names, strict=True) if rho[entry.id] is None]
         if missing:
-            raise RuntimeError(_missing_rho_message(group.metadata.name, missing))
+            raise RhoUnavailable(_missing_rho_message(group.metadata.name, missing))
         lambdas = [statistics.lambda_for(rho[e.id], r, alpha, lambda_rule) for e in agents]
     return kernel.merge(
         group.base.tensor,
@@ -117,7 +123,7 @@ def refuse_foreign(name: str) -> None:
     if is_ours(owner):
         return
     module = origin(owner)
-    raise ValueError(
+    raise RamError(
         f"merge_method '{NAME}' is registered by {module} ({_distribution(module)}), not by mergekit-ram, so "
         f"mergekit would run that package's method under this name. To merge with mergekit-ram's RAM+, install "
         f"PyPI's mergekit, which defines no '{NAME}' (pip install --force-reinstall 'mergekit==0.1.5'; a fork may "

@@ -21,6 +21,8 @@ import re
 import stat
 from typing import Any
 
+from mergekit_ram.errors import RamError
+
 LOG = logging.getLogger("mergekit_ram")
 STATS_FILE = "ram_stats.json"
 #: the `format` of a ram_stats.json this package writes (report.FORMAT)
@@ -28,17 +30,24 @@ STATS_FORMAT = "mergekit-ram/ram_stats"
 
 
 def check_output(config: Any, out_path: str) -> None:
-    """Refuse an output folder that is, or is inside, an input model's folder."""
+    """Refuse an output folder that is, or is inside, an input model's folder, or a path that is a file."""
+    check_not_a_file(out_path)
     out = os.path.realpath(out_path)
     for model in config.referenced_models():
         path = model.model.path
         if os.path.isdir(path):
             real = os.path.realpath(path)
             if out == real or out.startswith(real + os.sep):
-                raise ValueError(
+                raise RamError(
                     f"output folder {out_path} is inside the input model {model}; "
                     "the merge would overwrite it. Choose another output folder."
                 )
+
+
+def check_not_a_file(out_path: str) -> None:
+    """An output path that is a file (mergekit would fail creating the folder, naming neither)."""
+    if os.path.exists(out_path) and not os.path.isdir(out_path):
+        raise RamError(f"output folder {out_path} is a file, not a folder. Choose another output folder.")
 
 
 def check_output_files(inputs: list[str], out_path: str) -> None:
@@ -52,13 +61,14 @@ def check_output_files(inputs: list[str], out_path: str) -> None:
             continue  # the input checks name it
         beside = {os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.dirname(os.path.realpath(path))}
         if out == os.path.realpath(path):
-            raise ValueError(f"output folder {out_path} is the input file {path}. Choose another output folder.")
+            raise RamError(f"output folder {out_path} is the input file {path}. Choose another output folder.")
         if out in beside:
-            raise ValueError(
+            raise RamError(
                 f"output folder {out_path} is the folder of the input file {path}; the merge would write its "
                 "weight files beside the inputs (and over one named like them). Choose another output folder, "
                 "for example a new folder inside it."
             )
+    check_not_a_file(out_path)
 
 
 def check_config_serialisable(config: Any) -> None:
@@ -73,7 +83,7 @@ def check_config_serialisable(config: Any) -> None:
     except ValueError as error:
         odd = [str(m) for m in config.referenced_models() if " " in str(m) or '"' in str(m)]
         where = f"model path(s) {' and '.join(sorted(odd))}" if odd else "this configuration"
-        raise ValueError(
+        raise RamError(
             f"mergekit cannot write {where} into the model card ({error}; mergekit 0.1.5 fails on paths "
             "with a space or a double quote). Pass the YAML text as run_merge(..., config_source=TEXT) "
             "(mergekit-yaml does), turn the card off, or use a path without them."
@@ -120,8 +130,8 @@ def remove_stale_statistics(out_path: str) -> None:
         LOG.info("ramplus: removing %s of an earlier merge (it is written again when this merge finishes)", path)
         os.unlink(path)
     weights = sorted(weight_files(out_path))
-    if weights:
-        LOG.warning(
+    if weights:  # a prediction: a rerun writes them all again; each one removed is named then (a warning)
+        LOG.info(
             "ramplus: the output folder %s already holds %s; the weight files this merge does not write again "
             "are removed when it finishes",
             out_path,

@@ -56,6 +56,11 @@ def check(name: str, value: Any, *, where: str | None = None, label: str | None 
     return number
 
 
+def number_or_none(value: Any) -> float | None:
+    """`value` as a float (a number, or one written as text), else None."""
+    return _number(value, True)
+
+
 def _number(value: Any, text: bool) -> float | None:
     if isinstance(value, bool):
         return None  # `r: yes` is not 1.0

@@ -1,6 +1,6 @@
 """The `inspect --plot` picture: per-layer x per-agent density and unique share.
 
-Optional: needs matplotlib (`pip install "mergekit-ram[plot]"`).
+Optional: needs matplotlib (`NEEDS`, the hint the README gives too); `inspect` calls `require` before any work.
 """
 
 from __future__ import annotations
@@ -9,6 +9,18 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mergekit_ram.statistics import Statistics
+
+#: What `--plot` says when matplotlib is missing (the README's words: mergekit-ram is not on PyPI, so no extra
+#: can be installed by its name).
+NEEDS = '--plot needs matplotlib: pip install matplotlib (in a checkout of mergekit-ram: pip install ".[plot]")'
+
+
+def require() -> None:
+    """RuntimeError(`NEEDS`) when matplotlib cannot be imported: checked before the statistics pass."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise RuntimeError(NEEDS) from error
 
 
 def heatmap(stats: Statistics, path: Path, labels: Mapping[str, str] | None = None) -> Path:
@@ -20,7 +32,7 @@ def heatmap(stats: Statistics, path: Path, labels: Mapping[str, str] | None = No
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as error:
-        raise RuntimeError('--plot needs matplotlib: pip install "mergekit-ram[plot]"') from error
+        raise RuntimeError(NEEDS) from error
 
     groups = stats.groups("layer")
     names = list(groups)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from importlib.metadata import version
 from pathlib import Path
 from typing import Dict, Iterable, Optional, Sequence
@@ -277,3 +278,16 @@ def planner_of(text: str, **options):
 
     config = MergeConfiguration.model_validate(yaml.safe_load(text))
     return inspection.plan(config, MergeOptions(**{"quiet": True, "copy_tokenizer": False, **options}))
+
+
+# ---------------------------------------------------------------- console scripts
+
+
+def console_script(name: str) -> str:
+    """The console script `name` installed next to this interpreter (the test skips without it)."""
+    import pytest
+
+    exe = Path(sys.executable).parent / name
+    if not exe.exists():
+        pytest.skip(f"the {name} console script is not installed next to this interpreter")
+    return str(exe)

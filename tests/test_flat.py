@@ -222,9 +222,13 @@ def ragged(flat_mlp, tmp_path_factory):
 
 
 def test_without_a_flag_mergekit_refuses_missing_tensors(flat_mlp, ragged, tmp_path):
+    """mergekit's bare "Missing tensors" becomes one line of ours that names both flags."""
+    from mergekit_ram.errors import RamError, one_line
+
     paths, _ = ragged
-    with pytest.raises(RuntimeError, match="Missing tensors"):
+    with pytest.raises(RamError, match="--tensor-intersection .* --tensor-union") as info:
         run_flat(flat_config_text(flat_mlp, AGENTS, dtype="bfloat16", paths=paths), tmp_path / "out")
+    assert str(info.value.__cause__) == "Missing tensors" and one_line(info.value) is not None
     assert not (tmp_path / "out").exists()
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,17 +24,14 @@ import torch
 
 import models
 import reference as R
+from helpers import console_script
 from helpers import BF16, check_against_reference, closed_form, read_stats, validate_schema
 
 LOG_SKIP = "INFO:multimerge:Model already exists at {}, skipping"
 LOG_RUN = "INFO:multimerge:Running merge for {}"
 
 
-def _exe(name: str) -> str:
-    exe = Path(sys.executable).parent / name
-    if not exe.exists():
-        pytest.skip(f"the {name} console script is not installed next to this interpreter")
-    return str(exe)
+_exe = console_script
 
 
 def recipe(written) -> str:

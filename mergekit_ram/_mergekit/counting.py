@@ -20,6 +20,7 @@ from mergekit.graph import Task
 
 from mergekit_ram import cache, kernel, statistics
 from mergekit_ram._mergekit import tasks as planned_tasks
+from mergekit_ram.errors import RamError
 
 LOG = logging.getLogger("mergekit_ram")
 
@@ -223,7 +224,7 @@ def _check_shapes(entries: Sequence[Any], weight: Any, base_model: Any) -> None:
         return
     for e in entries:
         if e.tensor.shape != base.tensor.shape:
-            raise ValueError(
+            raise RamError(
                 f"ramplus: tensor {weight.name} has shape {tuple(e.tensor.shape)} in {e.id} but "
                 f"{tuple(base.tensor.shape)} in the base model {base_model}: the models do not share one architecture"
             )

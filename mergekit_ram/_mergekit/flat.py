@@ -18,14 +18,17 @@ store it, before any tensor is read.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mergekit.graph import Task
 
 from mergekit_ram import cache, input_checks
 from mergekit_ram._mergekit.tasks import Plan, Row, header_entry, planned
+from mergekit_ram.errors import RamError
 
 LOG = logging.getLogger("mergekit_ram")
 
@@ -40,6 +43,13 @@ class FlatPlan(Plan):
     ):
         self._planned, self._original = list(planned), list(planned)
         self.config, self.options = config, options
+        if not planned_tensors(self._planned):
+            raise RamError(
+                "ramplus: this mergekit-pytorch merge would write no tensor: "
+                + ("no tensor is stored by every input file (--tensor-intersection keeps only those); "
+                   if intersection else "the input files plan none; ")
+                + "check that each file holds the same model's state_dict (torch.save(model.state_dict(), path))"
+            )  # fmt: skip
         self._settle(ours)
         if not intersection:
             self._say_unplanned()
@@ -85,7 +95,7 @@ class FlatPlan(Plan):
                 continue
             name = task.output_weight.name
             if task.base_model not in present:
-                raise ValueError(
+                raise RamError(
                     f"ramplus: tensor {name} is not in the base model {task.base_model} (it is in "
                     f"{', '.join(sorted(map(str, present)))}): RAM+ measures each agent's update against the base, "
                     "so it cannot merge it. Leave out the tensors some models lack with --tensor-intersection"
@@ -108,13 +118,12 @@ class FlatPlan(Plan):
 
     def _say_unplanned(self) -> None:
         """Name the tensors of the base that mergekit-pytorch did not plan (it plans the `models:` files' tensors)."""
-        from mergekit.io.tasks import SaveTensor
         from mergekit.scripts.merge_raw_pytorch import SimpleLoaderCache
 
         base = getattr(self.config, "base_model", None)
         if base is None:
             return
-        planned = {t.tensor_name for t in self._planned if isinstance(t, SaveTensor)}
+        planned = set(planned_tensors(self._planned))
         left = sorted(set(SimpleLoaderCache().get(base).index.tensor_paths) - planned)
         if left:
             LOG.warning(
@@ -155,6 +164,35 @@ class KeepBase(Task[Any]):
         tensor = tensors[self.base_model]
         dtype = dtype_from_name(self.out_dtype)
         return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+
+
+@contextlib.contextmanager
+def planning(options: Any) -> Iterator[None]:
+    """Around mergekit-pytorch's own planning (a merge's and `inspect`'s):
+
+    - its bars ("Preparing model loaders", "Planning operations") are drawn whatever `--quiet` says; with
+      `quiet`, what it writes to stderr while it plans is dropped (logging keeps its own stream: warnings and
+      errors still show);
+    - its bare `RuntimeError("Missing tensors")` (files that store different tensors, named in its log) becomes
+      ours, saying which flag decides (`RamError`, one line)."""
+    quiet = contextlib.redirect_stderr(io.StringIO()) if getattr(options, "quiet", False) else contextlib.nullcontext()
+    try:
+        with quiet:
+            yield
+    except RuntimeError as error:
+        if str(error) != "Missing tensors":
+            raise
+        raise RamError(
+            "some input files lack tensors the others store (mergekit-pytorch's log names them); pass "
+            "--tensor-intersection to leave those tensors out, or --tensor-union to merge them"
+        ) from error
+
+
+def planned_tensors(planned: list[Any]) -> list[str]:
+    """The tensors a `plan_flat_merge` task list writes (its `SaveTensor`s)."""
+    from mergekit.io.tasks import SaveTensor
+
+    return [t.tensor_name for t in planned if isinstance(t, SaveTensor)]
 
 
 def _stores(load: Any) -> bool:

@@ -21,6 +21,7 @@ A `ramplus` merge also ends by removing the weight files an earlier merge left i
 folder (`output_checks`); another method's merge removes only a stale `ram_stats.json` of an
 earlier `ramplus` merge there, and `merge_method: ramplus` owned by another package is refused.
 
+`install` also makes an uncaught error of ours one line on stderr (`one_line_errors`, `errors`).
 `install` patches only after `surface` accepted the installed mergekit (`surface.check_prepass`, which
 keeps the verdict); otherwise it logs why, and `ramplus` with r > 0 says so when it needs rho.
 """
@@ -31,7 +32,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from mergekit_ram import method, output_checks, report, session
+from mergekit_ram import errors, method, output_checks, report, session
 from mergekit_ram._mergekit import pipeline, surface, tasks
 from mergekit_ram.method import resolves_to_ours
 
@@ -42,6 +43,7 @@ def install() -> None:
     """Wrap the planner (and, once loaded, mergekit.merge). Idempotent."""
     from mergekit.plan import MergePlanner
 
+    one_line_errors()
     method.ask_why_prepass_unavailable(surface.unavailable_reason)
     if not surface.marked(MergePlanner._plan, surface.HOOKED):
         try:
@@ -175,6 +177,15 @@ def round_once(merge_method: Any) -> None:
         return _execute
 
     surface.wrap(merge_method, "_execute", make, surface.HOOKED)
+
+
+def one_line_errors() -> None:
+    """mergekit's commands catch no error, so Python prints a traceback for ours, its useful sentence last:
+    `sys.excepthook` prints a `RamError` as one line instead (`errors.excepthook`; `-v` or
+    `MERGEKIT_RAM_TRACEBACK=1` shows the traceback). Every other exception goes to the hook that was there."""
+    import sys
+
+    surface.wrap(sys, "excepthook", errors.excepthook, surface.HOOKED)
 
 
 def wrap(cls: type, name: str, replacement: Callable[..., Any]) -> None:

@@ -19,13 +19,14 @@ from typing import Any
 
 from mergekit_ram import config_checks, input_checks, report
 from mergekit_ram._mergekit import loading, pipeline, surface, tasks
-from mergekit_ram._mergekit.flat import of_flat
+from mergekit_ram._mergekit.flat import of_flat, planning
 from mergekit_ram._mergekit.planner import plan
+from mergekit_ram.errors import RamError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
 from mergekit_ram.session import MergeSession, active
 
 
-class InputError(ValueError):
+class InputError(RamError):
     """The input models cannot be counted: a file, a tensor (NaN, shape, dtype), not the command or the config."""
 
 
@@ -69,7 +70,7 @@ def inspect(
     refuse_foreign(NAME)  # inspect plans as ramplus
     flat = _flat(config)
     if not flat and (tensor_union or tensor_intersection):
-        raise ValueError(
+        raise RamError(
             "--tensor-union and --tensor-intersection are mergekit-pytorch's: they apply to a config whose "
             "models are files"
         )
@@ -96,7 +97,7 @@ def inspect(
         except (OSError, ValueError) as error:
             raise InputError(str(error) or type(error).__name__) from error
     if current.report is None:
-        raise ValueError("nothing to inspect: the config plans no tensor")
+        raise RamError("nothing to inspect: the config plans no tensor")
     return current
 
 
@@ -115,14 +116,7 @@ def _count(current: MergeSession, options: Any) -> None:
 def _count_flat(current: MergeSession, options: Any, tensor_union: bool, tensor_intersection: bool) -> None:
     """Check the input files, plan with mergekit-pytorch's planner, count (`pipeline.prepare`)."""
     pipeline.check_flat_inputs(current.config)
-    try:
+    with planning(options):
         planned = surface.plan_flat_as_mergekit(current.config, tensor_union, tensor_intersection, options)
-    except RuntimeError as error:
-        if str(error) != "Missing tensors":
-            raise
-        raise ValueError(
-            "some models lack tensors the others store (mergekit-pytorch's log names them); pass "
-            "--tensor-intersection to leave those tensors out, or --tensor-union to merge them"
-        ) from error
     plan = of_flat(planned, current.config, options, resolves_to_ours, intersection=tensor_intersection)
     pipeline.prepare(plan, current)

@@ -163,8 +163,11 @@ class WriteStatistics(Task[None]):
         return True
 
     def execute(self, **_kwargs) -> None:
+        from tqdm.contrib.logging import logging_redirect_tqdm  # type: ignore[import-untyped]  # mergekit's
+
         if self.stale:
-            output_checks.remove_stale_weights(self.out_path, dict(self.stale))
+            with logging_redirect_tqdm():  # inside mergekit's "Executing graph" bar: each warning on its own line
+                output_checks.remove_stale_weights(self.out_path, dict(self.stale))
         write_statistics(self.out_path, self.payload)
 
 
@@ -245,10 +248,9 @@ def plan_flat(
             output_checks.remove_stale_statistics(out_path)
             before = output_checks.weight_files(out_path)
         loading.install()  # linear-time tensor loading, while this session is current (the statistics pass)
-        plan = flat.of_flat(
-            plan_flat_merge(config, out_path, tensor_union, tensor_intersection, options), config, options,
-            resolves_to_ours, intersection=tensor_intersection,
-        )  # fmt: skip
+        with flat.planning(options):
+            planned_flat = plan_flat_merge(config, out_path, tensor_union, tensor_intersection, options)
+        plan = flat.of_flat(planned_flat, config, options, resolves_to_ours, intersection=tensor_intersection)
         prepare(plan, current)
         planned = plan.tasks()
         if current.report is not None and not verifying:

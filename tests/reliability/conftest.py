@@ -15,6 +15,7 @@ import reference as R
 import torch
 import yaml
 
+from mergekit_ram.errors import one_line
 from reliability import harness
 
 
@@ -67,13 +68,21 @@ class Recorder:
         self.case.merges_compared += 1
 
     # errors -----------------------------------------------------------------
-    def names(self, message, *culprits) -> str:
-        """The message names every culprit (tensor, model, parameter, file) and is no traceback."""
-        message = str(message.value if hasattr(message, "value") else message)
+    def names(self, message, *culprits, traceback_ok: str = "") -> str:
+        """The message names every culprit (tensor, model, parameter, file) and is no traceback.
+
+        An exception (pytest's `ExceptionInfo`) must also be one that a command prints as one line by default
+        (`mergekit_ram.errors.one_line`: ours, a `RamError`), not as a traceback; `traceback_ok` says why one
+        may be (a fault injected into the process, not a bad input), and it is still counted."""
+        error = message.value if hasattr(message, "value") else None
+        message = str(error if error is not None else message)
         for culprit in culprits:
             assert str(culprit) in message, f"{culprit!r} not named in: {message}"
         assert "Traceback" not in message
         self.case.errors_checked += 1
+        if error is not None and one_line(error) is None:
+            self.case.tracebacks += 1
+            assert traceback_ok, f"a command would print a traceback for {type(error).__name__}: {message}"
         return message
 
     def fault(self) -> None:

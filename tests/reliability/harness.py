@@ -88,6 +88,7 @@ class Case:
     input_writes: int = 0  # files created, changed or removed in input folders
     fault: bool = False  # a fault was injected (kill, full disk, broken build...)
     errors_checked: int = 0  # error messages checked for the name of the culprit
+    tracebacks: int = 0  # of those, errors a command would print as a traceback by default (not one line)
     suite: str = "reliability"  # or "older module" (ELSEWHERE)
 
 
@@ -135,6 +136,7 @@ def summary() -> dict:
             "skipped": sum(c.outcome == "skipped" for c in cases),
             "merges_compared": sum(c.merges_compared for c in cases),
             "errors_checked": sum(c.errors_checked for c in cases),
+            "tracebacks": sum(c.tracebacks for c in cases),
             "faults_injected": sum(c.fault for c in cases),
             "faults_survived": sum(c.fault and c.outcome == "passed" for c in cases),
             "wrong_merges": sum(c.wrong_merges for c in cases),
@@ -153,6 +155,7 @@ COLUMNS = [
     ("skipped", "skipped"),
     ("merges_compared", "merges checked"),
     ("errors_checked", "errors naming the culprit"),
+    ("tracebacks", "of which a traceback by default"),
     ("faults_survived", "faults survived"),
     ("wrong_merges", "silent wrong merges"),
     ("inputs_checked", "input snapshots compared"),
@@ -173,7 +176,7 @@ def line(data: dict) -> str:
     t = data["total"]
     return (
         f"reliability: {t['cases']} cases ({t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped), "
-        f"{t['merges_compared']} merges checked, "
+        f"{t['merges_compared']} merges checked, {t['tracebacks']} of {t['errors_checked']} errors a traceback, "
         f"{t['faults_survived']}/{t['faults_injected']} faults survived, {t['wrong_merges']} silent wrong merges, "
         f"{t['input_writes']} writes into inputs ({t['inputs_checked']} snapshots)"
     )

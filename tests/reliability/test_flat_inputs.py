@@ -221,3 +221,65 @@ def test_output_in_a_new_folder_beside_the_inputs_writes_only_there(rel, flat_ml
 
     base, agents = _inputs(flat_mlp, paths)
     rel.matches_reference(models.load_checkpoint(folder / "merged"), base, agents)
+
+
+# ---------------------------------------------------------------- training checkpoints and non-checkpoints (issue 31)
+
+
+def _save_each(flat, root: Path, wrap) -> dict[str, str]:
+    """Each member's tensors saved as `wrap(state_dict)` with torch.save."""
+    root.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for who in ("base", *AGENTS):
+        out[who] = str(root / f"{who}.pt")
+        torch.save(wrap(flat.stored(who, "pt")), out[who])
+    return out
+
+
+@pytest.mark.parametrize("flags", [(), ("--tensor-intersection",), ("--tensor-union",)], ids=["plain", "inter", "union"])
+def test_nested_training_checkpoint_is_named(rel, flat_mlp, tmp_path, monkeypatch, flags):
+    """`torch.save({"model": sd, "step": 100})`: with --tensor-intersection it merged zero tensors and exited 0;
+    without, mergekit failed on a dict. Now: the file, the key, and what to save instead."""
+    forbid_count(monkeypatch)
+    paths = _save_each(flat_mlp, tmp_path / "in", lambda sd: {"model": sd, "step": 100})
+    rel.watch(tmp_path / "in")
+    out = tmp_path / "out"
+    info = _refused(rel, flat_config_text(flat_mlp, AGENTS, paths=paths), out, *flags)
+    rel.names(info, paths["A"], "nested dict under 'model'", "'step'", "state_dict()")
+    assert not out.exists()
+
+
+def test_entry_that_is_not_a_tensor_is_named(rel, flat_mlp, tmp_path, monkeypatch):
+    forbid_count(monkeypatch)
+    paths = _save_each(flat_mlp, tmp_path / "in", lambda sd: {**sd, "step": 100})
+    rel.watch(tmp_path / "in")
+    info = _refused(rel, flat_config_text(flat_mlp, AGENTS, paths=paths), tmp_path / "out")
+    rel.names(info, paths["A"], "'step', a int, not a tensor", "state_dict()")
+
+
+@pytest.mark.parametrize("content", [b"hello, this is text\n", b""], ids=["text", "empty"])
+def test_file_that_is_no_checkpoint_is_named(rel, flat_mlp, tmp_path, monkeypatch, content):
+    """A text file named `.pt` was "a pickle that holds more than tensors" with torch's advice appended."""
+    forbid_count(monkeypatch)
+    paths = _copy(flat_mlp, tmp_path / "in", fmt="pt")
+    Path(paths["B"]).write_bytes(content)
+    rel.watch(tmp_path / "in")
+    info = _refused(rel, flat_config_text(flat_mlp, AGENTS, paths=paths), tmp_path / "out")
+    message = rel.names(info, paths["B"], "is not a PyTorch checkpoint", "empty" if not content else "b'hello, ")
+    assert len(message) < 300, message
+
+
+def test_merge_that_would_write_no_tensor_is_an_error(rel, flat_mlp, tmp_path, monkeypatch):
+    """Files that share no tensor, merged with --tensor-intersection: an empty folder and exit 0 before."""
+    forbid_count(monkeypatch)
+    root = tmp_path / "in"
+    root.mkdir()
+    paths = {}
+    for who in ("base", *AGENTS):
+        paths[who] = str(root / f"{who}.safetensors")
+        save_file({f"{who}.{k}": v for k, v in flat_mlp.stored(who).items()}, paths[who])
+    rel.watch(root)
+    out = tmp_path / "out"
+    info = _refused(rel, flat_config_text(flat_mlp, AGENTS, paths=paths), out, "--tensor-intersection")
+    rel.names(info, "would write no tensor", "--tensor-intersection", "state_dict")
+    assert not out.exists()

@@ -132,3 +132,31 @@ def test_api_parameter_of_the_wrong_type_names_it(rel, name, value):
         with pytest.raises((TypeError, ValueError)) as info:
             call(base, agents, **{name: value})
         rel.names(info, name, "must be a number")
+
+
+# ---------------------------------------------------------------- the official script's names (issue 31)
+OFFICIAL = [
+    # (name, value, what the error must say instead)
+    ("R", 0.2, ["`r: 0`", "`r: 0.2`", "--rescale_factor"]),
+    ("R", 1.2, ["`r: 0.2`", "`alpha: 1`"]),
+    ("rescale_factor", 1.1, ["`r: 0.1`", "`alpha: 1`"]),
+    ("threshold", 1e-4, ["`epsilon: 0.0001`"]),
+    ("merge_mode", "arm", ["`r: 0`"]),
+    ("merge_mode", "arm-r", ["`lambda_rule: soft`"]),
+    ("merge_mode", "arm-r-v2", ["default", "`alpha: 1`"]),
+    ("target_index", 1, ["arm-unique", "remove it"]),
+]
+
+
+@pytest.mark.parametrize("name, value, instead", OFFICIAL, ids=[f"{n}-{v}" for n, v, _ in OFFICIAL])
+def test_official_script_name_is_an_error_saying_what_to_write(
+    rel, qwen_bf16, run_yaml, tmp_path, monkeypatch, name, value, instead
+):
+    """`R: 0.2` was a warning and the merge ran with r = 0.1 (exit 0): now an error before any weight is read,
+    naming the parameter and what to write instead."""
+    forbid_count(monkeypatch)
+    rel.watch(*qwen_bf16.paths.values())
+    with pytest.raises(Exception) as info:
+        run_yaml(_config(qwen_bf16, name, value), out=tmp_path / "o")
+    rel.names(info, f"parameter '{name}'", "ram-main.py", *instead)
+    no_weights(tmp_path / "o")

@@ -1,0 +1,80 @@
+"""The plugin's own refusals, and how a command shows one: one line, no traceback.
+
+Every check of ours that refuses an input (the config and its parameters, an input file, a
+tensor: NaN, shape, dtype; the output folder) raises a `RamError`, a `ValueError` whose message
+names the thing and the fix. mergekit's commands (`mergekit-yaml`, `mergekit-pytorch`,
+`mergekit-multi`, `mergekit-legacy`) do not catch errors: an uncaught `RamError` reaches Python's
+`sys.excepthook`, which the seam replaces (`_mergekit/hooks.py`, once mergekit is loaded) by
+`excepthook`: one line on stderr, exit status 1. `MERGEKIT_RAM_TRACEBACK=1`, or `-v` (mergekit's
+verbose logging, the root logger at INFO or below), shows the traceback as before. Any other
+exception is left to the hook that was there. A script calling `run_merge` gets the same line
+when it does not catch the error; Python code catches `RamError` (or `ValueError`).
+
+No torch, no mergekit: `inspect`'s command line and the reliability suite's harness use
+`one_line` too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+#: Set (to anything but "", "0") to see the traceback of a `RamError` in a command.
+TRACEBACK_ENV = "MERGEKIT_RAM_TRACEBACK"
+
+
+class RamError(ValueError):
+    """A refusal of mergekit-ram's own (config, parameter, input file, tensor, output folder): the message is
+    one line that names the culprit and the fix."""
+
+
+class WriteError(RamError, OSError):
+    """A file of ours that could not be written (a full disk, no permission): an `OSError` too, naming the file."""
+
+
+def ours(error: BaseException | None) -> RamError | None:
+    """`error` itself when it is a `RamError`, or the `RamError` it was raised from (`raise ... from`)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, RamError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__
+    return None
+
+
+def one_line(error: BaseException, prog: str | None = None) -> str | None:
+    """The one line a command prints for `error`, or None when it would show a traceback (not ours)."""
+    found = ours(error)
+    if found is None:
+        return None
+    message = " ".join(str(found).split()) or type(found).__name__
+    prog = prog or os.path.basename(sys.argv[0] or "") or "mergekit"
+    return f"{prog}: error: {message}"
+
+
+def wants_traceback() -> bool:
+    """`MERGEKIT_RAM_TRACEBACK` set, or logging at INFO or below (mergekit's `-v`)."""
+    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+        return True
+    return logging.getLogger().getEffectiveLevel() <= logging.INFO
+
+
+Hook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
+
+
+def excepthook(previous: Hook) -> Hook:
+    """A `sys.excepthook` that prints a `RamError` as one line (`one_line`) and leaves the rest to `previous`."""
+
+    def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> Any:
+        line = None if wants_traceback() else one_line(error)
+        if line is None:
+            return previous(kind, error, tb)
+        print(line, file=sys.stderr, flush=True)
+        return None
+
+    return hook
