@@ -7,7 +7,9 @@ Both are built from the same report dict, so the card, the JSON and
   first tensor; `per_tensor_parameters` maps each parameter that varies across
   tensors (mergekit filters or gradients) to its distinct values.
 - `statistics`: "computed", "cache" or "not computed" (r = 0 / rho given).
-- `versions`: mergekit, mergekit-ram, torch.
+- `versions`: mergekit, mergekit-ram, torch; `mergekit_ram_source` (issue 31): where this mergekit-ram was
+  installed from, as pip recorded it (`installed_from`: "git", "checkout", "archive" or "index"; `commit`,
+  `git` (a URL), `archive` (a file name) and `sha256` where known; never a local path).
 - `merge` (format_version 3): how the merge was run, for `mergekit-ram verify`: `entry_point`
   ("run_merge": mergekit-yaml, mergekit-multi or the Python API, whose config is the folder's
   `mergekit_config.yml`), `options` (the values of the mergekit options that change what is
@@ -47,7 +49,8 @@ from mergekit_ram.session import Planned
 
 FORMAT = output_checks.STATS_FORMAT
 FORMAT_VERSION = 3  # 2: diagnostics (per agent and `pairs`) added; 3: the `merge` record
-PROJECT_URL = "https://pypi.org/project/mergekit-ram/"
+#: The method's paper, linked from the card.
+PAPER_URL = "https://arxiv.org/abs/2601.13572"
 #: the packages whose versions a report records
 VERSIONED = ("mergekit", "mergekit-ram", "torch")
 #: mergekit's `MergeOptions` fields that change the merged values, recorded in the `merge` record so `verify`
@@ -133,6 +136,7 @@ def build(
         "per_tensor_parameters": varying,
         "statistics": source,
         "versions": _versions(),
+        "mergekit_ram_source": installed_from(),
         "merge": dict(record or {"entry_point": "run_merge"}),
         "base_model": {"model": base, "identity": identities.get(base, {})},
         "agents": rows,
@@ -172,6 +176,13 @@ def dumps(report: dict) -> str:
     return json.dumps(report, indent=2, allow_nan=False) + "\n"
 
 
+def installed_from() -> dict[str, str]:
+    """Where this mergekit-ram came from (`versions.source`), without a machine's local path."""
+    found = versions.source("mergekit-ram")
+    kind = next((k for k in ("git", "checkout", "archive") if k in found), "index")
+    return {"installed_from": kind, **{k: v for k, v in found.items() if k != "checkout"}}
+
+
 def _versions() -> dict[str, str]:
     return {name: versions.installed(name) for name in VERSIONED}
 
@@ -193,9 +204,8 @@ def card_section(report: dict) -> str:
     lines = [
         "## RAM+ statistics",
         "",
-        f"Merged with [mergekit-ram]({PROJECT_URL}) {v['mergekit-ram']} (mergekit {v['mergekit']}, torch "
-        f"{v['torch']}), method `ramplus`: RAM+ with ρ per {p['rho_scope']} "
-        f"([arXiv 2601.13572](https://arxiv.org/abs/2601.13572)).",
+        f"Merged with mergekit-ram {v['mergekit-ram']} (mergekit {v['mergekit']}, torch {v['torch']}), method "
+        f"`ramplus`: RAM+ ([arXiv 2601.13572]({PAPER_URL})) with {_rho_sentence(p['rho_scope'])}.",
         "",
         f"Parameters: ε = {p['epsilon']:g}, r = {p['r']:g}, α = {p['alpha']:g}, λ rule `{p['lambda_rule']}`"
         + "".join(
@@ -235,13 +245,81 @@ def card_section(report: dict) -> str:
         f"| base | {report['base_model']['model']} | {_identity(report['base_model']['identity'])} |",
         *(f"| agent | {a['model']} | {_identity(a['identity'])} |" for a in report["agents"]),
         "",
-        f"Per-tensor counts: `ram_stats.json`. To reproduce: `pip install mergekit=={v['mergekit']} "
-        f"mergekit-ram=={v['mergekit-ram']}`, then `mergekit-yaml mergekit_config.yml OUTPUT` with the inputs above; "
-        "check this folder against its inputs with `mergekit-ram verify <folder>` (it recomputes every tensor and "
-        "compares the bits, writing nothing).",
+        f"Per-tensor counts: `ram_stats.json`. To reproduce: {reproduce_sentence(report)}",
         "",
     ]
     return "\n".join(lines)
+
+
+def _rho_sentence(scope: str) -> str:
+    if scope == "model":
+        return "one ρ per agent, counted over the whole model"
+    return f"one ρ per agent and {'transformer block' if scope == 'layer' else 'tensor'} (`rho_scope: {scope}`)"
+
+
+def reproduce_sentence(report: dict) -> str:
+    """How a hub reader gets this mergekit-ram (it is not on PyPI), merges again, and checks the folder."""
+    v = report["versions"]
+    found = report.get("mergekit_ram_source") or {}
+    commit = f" at commit `{found['commit']}`" if found.get("commit") else ""
+    if found.get("git"):
+        where = f'`pip install "git+{found["git"].removeprefix("git+")}{"@" + found["commit"] if commit else ""}"`'
+    elif found.get("installed_from") == "archive":
+        digest = f" (sha256 `{found['sha256']}`)" if found.get("sha256") else ""
+        where = f"the wheel `{found.get('archive', 'mergekit_ram')}`{digest}: `pip install` it"
+    else:
+        where = f"its repository{commit}: `pip install .` in that checkout"
+    entry = (report.get("merge") or {}).get("entry_point", "run_merge")
+    command = (
+        "`mergekit-pytorch` with the config in `ram_stats.json`'s `merge` record"
+        if entry == "mergekit-pytorch"
+        else "`mergekit-yaml mergekit_config.yml OUTPUT`"
+    )
+    return (
+        f"mergekit-ram {v['mergekit-ram']} is not on PyPI; install it from {where}, with `mergekit=={v['mergekit']}` "
+        f"(torch {v['torch']} was used), then run {command} with the inputs above. "
+        "`mergekit-ram verify FOLDER` checks a folder against its inputs: it recomputes every tensor and compares "
+        "the bits, writing nothing."
+    )
+
+
+def hub_id(path: str) -> str | None:
+    """The hub id of a hub cache snapshot folder (`.../models--org--name/snapshots/<commit>`), else None."""
+    parts = path.replace("\\", "/").rstrip("/").split("/")
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].removeprefix("models--").replace("--", "/")
+    return None
+
+
+def card_front_matter(card: str, hub_ids: Sequence[str]) -> str:
+    """mergekit's card with front matter a hub accepts (https://huggingface.co/docs/hub/model-cards):
+    `base_model` the inputs' hub ids (`hub_ids`, where known; a local path is none, and an empty list is left
+    out), `base_model_relation: merge`, the method as a tag (`ramplus`), and the `license` field named for the
+    user to fill (the inputs' licenses apply; no default is chosen for them)."""
+    import yaml
+
+    if not card.startswith("---\n") or "\n---\n" not in card[4:]:
+        return card
+    head, body = card[4:].split("\n---\n", 1)
+    try:
+        meta = yaml.safe_load(head) or {}
+    except yaml.YAMLError:
+        return card
+    if not isinstance(meta, dict):
+        return card
+    ids = list(dict.fromkeys([*(meta.get("base_model") or []), *hub_ids]))
+    meta.pop("base_model", None)
+    if ids:
+        meta["base_model"] = ids
+        meta["base_model_relation"] = "merge"
+    meta["tags"] = [*(meta.get("tags") or []), *([] if "ramplus" in (meta.get("tags") or []) else ["ramplus"])]
+    text = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip("\n")
+    if "license" not in meta:
+        text += (
+            "\n# license: the merged model's license, for you to set (the inputs' licenses apply); "
+            "see https://huggingface.co/docs/hub/repositories-licenses"
+        )
+    return f"---\n{text}\n---\n{body}"
 
 
 def counted_sentence(report: dict) -> str:

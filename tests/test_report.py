@@ -171,8 +171,9 @@ def test_model_card_keeps_mergekit_content_and_adds_statistics(merged, qwen_bf16
     run = merged(config_text(qwen_bf16, "ABC"))
     meta, body = split_card((run.out / "README.md").read_text(encoding="utf-8"))
     # mergekit's own card: metadata, method, models, config block
-    assert {"base_model", "tags", "library_name"} <= set(meta)
-    assert {"mergekit", "merge"} <= set(meta["tags"])
+    assert {"tags", "library_name"} <= set(meta)
+    assert {"mergekit", "merge", "ramplus"} <= set(meta["tags"])  # the method as a tag (issue 31)
+    assert "base_model" not in meta  # local inputs: no hub id known, no empty list
     assert "This is a merge of pre-trained language models created using [mergekit]" in body
     for agent in "ABC":
         assert f"* {qwen_bf16.path(agent)}" in body
@@ -183,7 +184,7 @@ def test_model_card_keeps_mergekit_content_and_adds_statistics(merged, qwen_bf16
     assert body.index("## RAM+ statistics") > body.index("### Configuration") > 0
     assert body.index("## RAM+ statistics") > config_block.end()
     section = body[body.index("## RAM+ statistics") :]
-    assert f"[mergekit-ram](https://pypi.org/project/mergekit-ram/) {version('mergekit-ram')}" in section
+    assert f"Merged with mergekit-ram {version('mergekit-ram')}" in section and "pypi.org" not in section
     assert f"mergekit {version('mergekit')}" in section and f"torch {version('torch')}" in section
     assert "ε = 1e-05, r = 0.1, α = 2, λ rule `clip`" in section
     assert "not computed" not in section
@@ -465,3 +466,81 @@ def test_the_report_shows_lambda_by_one_rule():
             assert statistics.lambda_shown(rho, 0.1, 2.0, rule) == statistics.lambda_for(rho, 0.1, 2.0, rule)
             stats = statistics.AgentStats("a", 10, 4, 20)
             assert stats.lambda_(0.1, 2.0, rule) == statistics.lambda_shown(stats.rho, 0.1, 2.0, rule)
+
+
+# ---------------------------------------------------------------- the card for a hub reader (issue 31)
+
+
+def test_card_for_a_hub_reader(merged, qwen_bf16):
+    """The card sent readers to `pip install mergekit-ram==0.1.0` and a PyPI page (the package is not on PyPI),
+    said "RAM+ with ρ per model", and had `base_model: []` and no tag for the method."""
+    import subprocess
+
+    from mergekit_ram import report
+
+    run = merged(config_text(qwen_bf16, "ABC"))
+    card = (run.out / "README.md").read_text(encoding="utf-8")
+    meta, body = split_card(card)
+    head = card.split("\n---\n", 1)[0]
+    assert re.search(r"^# license: .*for you to set", head, re.M) and "license" not in meta  # named, left to the user
+    section = body[body.index("## RAM+ statistics") :]
+    assert "one ρ per agent, counted over the whole model" in section and "ρ per model" not in section
+    assert "pip install mergekit-ram" not in section and "not on PyPI" in section
+    assert f"mergekit-ram {version('mergekit-ram')} is not on PyPI" in section
+    assert f"`mergekit=={version('mergekit')}`" in section and "`mergekit-ram verify FOLDER`" in section
+    stats = read_stats(run.out)
+    source = stats["mergekit_ram_source"]
+    assert "checkout" not in source and "/" not in source.get("commit", "")  # never a local path
+    root = Path(report.__file__).resolve().parent.parent
+    if source["installed_from"] == "checkout" and (root / ".git").exists():
+        head_commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+        if head_commit.returncode == 0:
+            assert source["commit"] == head_commit.stdout.strip()
+            assert f"at commit `{source['commit']}`" in section
+
+
+def test_card_front_matter_names_hub_ids_and_the_method():
+    from mergekit_ram import report
+
+    card = "---\nbase_model: []\nlibrary_name: transformers\ntags:\n- mergekit\n- merge\n---\n# body\n"
+    snapshot = "/home/u/.cache/huggingface/hub/models--Qwen--Qwen2.5-7B-Instruct/snapshots/0123abc"
+    ids = [report.hub_id(snapshot), report.hub_id("/data/my-model")]
+    assert ids == ["Qwen/Qwen2.5-7B-Instruct", None]
+    out = report.card_front_matter(card, [i for i in ids if i])
+    meta = yaml.safe_load(out.split("---\n")[1])
+    assert meta["base_model"] == ["Qwen/Qwen2.5-7B-Instruct"] and meta["base_model_relation"] == "merge"
+    assert meta["tags"] == ["mergekit", "merge", "ramplus"] and out.endswith("---\n# body\n")
+    assert report.card_front_matter(out, []) .count("ramplus") == 1  # idempotent
+    empty = yaml.safe_load(report.card_front_matter(card, []).split("---\n")[1])
+    assert "base_model" not in empty and "base_model_relation" not in empty
+
+
+@pytest.mark.parametrize(
+    "recorded, want",
+    [
+        ({"url": "https://example.org/ram.git", "vcs_info": {"vcs": "git", "commit_id": "abc"}},
+         {"installed_from": "git", "git": "https://example.org/ram.git", "commit": "abc"}),
+        ({"url": "file:///tmp/dist/mergekit_ram-0.1.0-py3-none-any.whl", "archive_info": {"hashes": {"sha256": "f0"}}},
+         {"installed_from": "archive", "archive": "mergekit_ram-0.1.0-py3-none-any.whl", "sha256": "f0"}),
+        ({"url": "file:///nowhere/checkout", "dir_info": {}}, {"installed_from": "checkout"}),
+        (None, {"installed_from": "index"}),
+    ],
+    ids=["git", "wheel", "checkout-without-git", "index"],
+)
+def test_where_mergekit_ram_was_installed_from(monkeypatch, recorded, want):
+    import json
+    from importlib import metadata
+
+    from mergekit_ram import report
+
+    class Dist:
+        def read_text(self, name):
+            return json.dumps(recorded) if recorded is not None and name == "direct_url.json" else None
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
+    assert report.installed_from() == want
+    sentence = report.reproduce_sentence({"versions": {"mergekit-ram": "0.1.0", "mergekit": "0.1.5", "torch": "2"},
+                                          "mergekit_ram_source": want})  # fmt: skip
+    assert "not on PyPI" in sentence and "mergekit-ram verify" in sentence
+    for value in (want.get("commit"), want.get("sha256"), want.get("archive")):
+        assert value is None or value in sentence

@@ -125,6 +125,8 @@ def _generate_card(card: Callable[..., str]) -> Callable[..., str]:
         current = session.current()
         if current is None or not current.owns(config) or current.report is None:
             return text
+        snapshots = [report.hub_id(str(m.model.path)) for m in config.referenced_models()]
+        text = report.card_front_matter(text, [found for found in snapshots if found])
         return text.rstrip("\n") + "\n\n" + report.card_section(current.report)
 
     return generate_card
