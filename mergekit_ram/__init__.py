@@ -7,19 +7,28 @@ light: torch and mergekit load only when used.
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "agent_statistics", "merge_state_dicts", "ramplus"]
+__all__ = ["AgentStats", "RamError", "__version__", "agent_statistics", "merge_state_dicts", "ramplus"]
+#: name -> the module that defines it, imported on first use (torch and mergekit load only then)
+_LAZY = {
+    "merge_state_dicts": "mergekit_ram.api",
+    "agent_statistics": "mergekit_ram.api",
+    "ramplus": "mergekit_ram.method",
+    "AgentStats": "mergekit_ram.statistics",
+    "RamError": "mergekit_ram.errors",
+}
 
 
 def __getattr__(name):
-    if name in ("merge_state_dicts", "agent_statistics"):
-        from mergekit_ram import api
+    if name in _LAZY:
+        import importlib
 
-        return getattr(api, name)
-    if name == "ramplus":
-        from mergekit_ram.method import ramplus
-
-        return ramplus
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'mergekit_ram' has no attribute {name!r}")
+
+
+def __dir__():
+    """The public API (`__all__`) for `dir()`, tab completion and `help()`, without importing it."""
+    return sorted(set(__all__) | set(globals()))
 
 
 def _install():

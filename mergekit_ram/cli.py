@@ -41,8 +41,9 @@ def _example_command() -> click.Command:
     @click.command(
         "example",
         help=(
-            "Write a tiny bf16 Qwen2 base model, three sparse RL-like agents (code 3%, tool 46%, memory 54% "
-            "of weights changed) and the configs ramplus.yaml and ram.yaml (absolute paths) into OUT_DIR."
+            "Write a tiny bf16 Qwen2 base model, three sparse RL-like agents (code, tool, memory; it prints the "
+            "share of each one's weights changed, as a merge's statistics table counts it) and the configs "
+            "ramplus.yaml and ram.yaml (absolute paths) into OUT_DIR."
         ),
     )
     @click.argument("out_dir", metavar="OUT_DIR", type=click.Path(path_type=Path))
@@ -52,14 +53,15 @@ def _example_command() -> click.Command:
         if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
             raise _UsageError(f"{out_dir} is not empty; pick an empty folder or pass --force")
 
-        from mergekit_ram.example_models import EXAMPLE_DENSITIES, write_example
+        from mergekit_ram.example_models import EXAMPLE_DENSITIES, write_example, written_densities
 
         ramplus = write_example(out_dir, overwrite=force)
         out = ramplus.parent
+        densities = written_densities(out, EXAMPLE_DENSITIES)  # as the statistics table counts them
         print(f"Wrote an RL-like example workload to {out}:")
         print(f"  base model      {out / 'base'}")
-        for name, density in EXAMPLE_DENSITIES.items():
-            print(f"  agent {name:<9} {out / 'agents' / name}  ({density:.0%} of weights changed)")
+        for name, density in densities.items():
+            print(f"  agent {name:<9} {out / 'agents' / name}  ({100 * density:.2f}% of weights changed)")
         print(f"  RAM+ config     {ramplus}")
         print(f"  RAM config      {out / 'ram.yaml'}")
         print()

@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -584,3 +584,18 @@ def write_example(out_dir: str | os.PathLike, *, overwrite: bool = False) -> Pat
     ramplus = out / "ramplus.yaml"
     ramplus.write_text(header + yaml.safe_dump(config(0.1), sort_keys=False))
     return ramplus
+
+
+def written_densities(out_dir: str | os.PathLike, names: Iterable[str], epsilon: float = 1e-5) -> dict[str, float]:
+    """Each written agent's density (share of its weights changed by more than `epsilon`), counted over every
+    tensor as a merge's statistics table counts the example (not the target densities it was built for)."""
+    from safetensors.torch import load_file
+
+    from mergekit_ram.api import agent_statistics
+
+    out = Path(out_dir)
+    base = load_file(out / "base" / "model.safetensors")
+    agents: dict[Hashable, Mapping[str, torch.Tensor]] = {
+        n: load_file(out / "agents" / n / "model.safetensors") for n in names
+    }
+    return {str(n): s.density for n, s in agent_statistics(base, agents, epsilon=epsilon).items()}

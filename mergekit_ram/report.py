@@ -68,6 +68,16 @@ RECORDED_OPTIONS = (
 )
 
 
+#: The per-agent numbers of `ram_stats.json`, each `statistics.AgentStats`' attribute of the same name.
+AGENT_NUMBERS = (
+    "active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel", "density",
+    "unique_share", "shared_with_1_share", "shared_with_2plus_share",
+)  # fmt: skip
+AGENT_DIAGNOSTICS = (
+    "single_step", "single_step_share", "magnitude_unique", "magnitude_shared", "magnitude_unique_share",
+)  # fmt: skip
+
+
 def merge_record(entry_point: str, options: Any, **extra: Any) -> dict[str, Any]:
     """The `merge` record of a merge run through `entry_point` with mergekit's `options` (`extra`: what the entry
     point adds, e.g. mergekit-pytorch's config)."""
@@ -101,28 +111,9 @@ def build(
         s = totals.get(label)
         row: dict = {"model": label, "identity": identities.get(label, {})}
         if s is not None:
-            unique_share, one_share, many_share = s.shares
-            row.update(
-                active=s.active,
-                shared=s.shared,
-                unique=s.unique,
-                shared_with_1=s.pair,
-                shared_with_2plus=s.shared - s.pair,
-                numel=s.numel,
-                density=s.density,
-                unique_share=unique_share,
-                shared_with_1_share=one_share,
-                shared_with_2plus_share=many_share,
-                rho_counted=_number(s.rho),
-            )
+            row.update({name: getattr(s, name) for name in AGENT_NUMBERS}, rho_counted=_number(s.rho))
             if s.single is not None:
-                row.update(
-                    single_step=s.single,
-                    single_step_share=s.single_step_share,
-                    magnitude_unique=s.magnitude_unique,
-                    magnitude_shared=s.magnitude_shared,
-                    magnitude_unique_share=s.magnitude_unique_share,
-                )
+                row.update({name: getattr(s, name) for name in AGENT_DIAGNOSTICS})
         rho = given if given is not None else (s.rho if s is not None else None)
         row["rho"] = _number(rho)
         row["rho_source"] = "given" if given is not None else ("counted" if s is not None else None)

@@ -29,7 +29,12 @@ _LAYER = re.compile(r"(^|\.)(layers|h|blocks|block|layer)\.(\d+)\.")
 
 @dataclass(frozen=True)
 class AgentStats:
-    """One agent's counts over a set of tensors."""
+    """One agent's counts over a set of tensors.
+
+    Each per-agent number of `ram_stats.json` is an attribute of the same name (`shared_with_1`,
+    `shared_with_2plus`, `unique_share`, ..., `single_step`; `rho` is the file's `rho_counted`). The fields
+    `pair` (= `shared_with_1`) and `single` (= `single_step`) keep their names: they are how the counts are
+    built and stored in the cache, and code that reads them keeps working."""
 
     name: str
     active: int
@@ -60,6 +65,32 @@ class AgentStats:
             return None
         total = self.magnitude_unique + self.magnitude_shared
         return self.magnitude_unique / total if total else 0.0
+
+    @property
+    def shared_with_1(self) -> int:
+        """Active entries exactly one other agent changed too (`pair`)."""
+        return self.pair
+
+    @property
+    def shared_with_2plus(self) -> int:
+        return self.shared - self.pair
+
+    @property
+    def single_step(self) -> int | None:
+        """Active entries one step of the dtype from the base (`single`)."""
+        return self.single
+
+    @property
+    def unique_share(self) -> float:
+        return self.shares[0]
+
+    @property
+    def shared_with_1_share(self) -> float:
+        return self.shares[1]
+
+    @property
+    def shared_with_2plus_share(self) -> float:
+        return self.shares[2]
 
     @property
     def density(self) -> float:

@@ -298,3 +298,19 @@ def test_cli_usage_errors(capsys):
     assert cli.main(["no-such-command"]) == 2
     assert cli.main(["--help"]) == 0
     assert "example" in capsys.readouterr().out
+
+
+def test_example_prints_the_densities_its_table_shows(tmp_path, capsys):
+    """`mergekit-ram example` printed its targets (3%, 46%, 54%) while the table showed 2.86%, 43.81%, 51.39%:
+    it prints what it wrote, as `inspect`'s table (a merge's) counts it."""
+    import re
+
+    capsys.readouterr()
+    assert cli.main(["example", str(tmp_path / "demo")]) == 0
+    printed = dict(re.findall(r"agent (\w+) +\S+ +\(([\d.]+%) of weights changed\)", capsys.readouterr().out))
+    assert list(printed) == ["code", "tool", "memory"]
+    assert cli.main(["inspect", str(tmp_path / "demo" / "ramplus.yaml"), "-q"]) == 0
+    table = capsys.readouterr().out
+    for name, density in printed.items():
+        row = next(line for line in table.splitlines() if line.split() and line.split()[0].split("/")[-1] == name)
+        assert row.split()[2] == density, (name, row)
