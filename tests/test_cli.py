@@ -275,3 +275,37 @@ def test_console_script(qwen_bf16, tmp_path, capsys):
     code, _, err = inspect(capsys, cfg, "--json", tmp_path / "inproc.json")
     assert code == 0, err
     assert json.loads((tmp_path / "cli.json").read_text()) == json.loads((tmp_path / "inproc.json").read_text())
+
+
+# ---------------------------------------------------------------- a stranger's first hour (issue 31)
+
+
+def test_plot_without_matplotlib_fails_before_any_work(qwen_bf16, tmp_path, capsys, monkeypatch):
+    """It ran the whole statistics pass and wrote --json before failing, with a hint unlike the README's."""
+    from mergekit_ram import kernel, plot
+
+    def refuse(*_a, **_k):
+        raise AssertionError("counted tensors before checking --plot")
+
+    monkeypatch.setattr(kernel, "count", refuse)
+    monkeypatch.setattr(kernel, "diagnose", refuse)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    js = tmp_path / "stats.json"
+    code, out, err = inspect(capsys, write_config(tmp_path, config_text(qwen_bf16, "AB")), "--json", js, "--plot",
+                             tmp_path / "p.png")  # fmt: skip
+    assert code == 2 and err.strip() == f"mergekit-ram inspect: error: {plot.NEEDS}" and not js.exists()
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    for command in ("pip install matplotlib", 'pip install ".[plot]"'):
+        assert command in plot.NEEDS and command in readme, command
+
+
+def test_quiet_inspect_of_a_flat_config_draws_no_bar(flat_mlp, tmp_path, capsys):
+    """mergekit-pytorch's planner drew "Preparing model loaders" and "Planning operations" despite -q."""
+    from helpers import flat_config_text
+
+    cfg = write_config(tmp_path, flat_config_text(flat_mlp, ("A", "B", "C")))
+    code, out, err = inspect(capsys, cfg, "-q")
+    assert code == 0 and "RAM+ statistics of" in out
+    assert "it/s" not in err and "Planning operations" not in err and "Preparing model loaders" not in err, err
+    code, _, err = inspect(capsys, cfg)  # without -q, mergekit's bars are there: the test can see them
+    assert code == 0 and "Planning operations" in err

@@ -481,3 +481,69 @@ def test_the_flat_door_is_wrapped_only_when_mergekit_pytorch_has_what_it_reads(m
     hooks.install_flat()
     hooks.install_flat()  # idempotent
     assert surface.marked(fake.plan_flat_merge, surface.HOOKED) and surface.unwrapped(fake.plan_flat_merge) is original
+
+
+# ---------------------------------------------------------------- console output (issue 31)
+
+
+def test_quiet_merge_drops_the_planning_bars(flat_mlp, tmp_path, capsys):
+    """`--quiet` reaches mergekit-pytorch's planning bars (drawn inside the wrapped planner); its executor's bar
+    is drawn by mergekit's own `main`, after the planner returns, out of reach."""
+    capsys.readouterr()
+    run_flat(flat_config_text(flat_mlp, AGENTS, dtype="bfloat16"), tmp_path / "out")  # run_flat passes --quiet
+    err = capsys.readouterr().err
+    assert "Preparing model loaders" not in err and "Planning operations" not in err, err
+
+
+def test_stale_file_warning_starts_its_own_line(flat_mlp, tmp_path):
+    """The removal of an earlier merge's weight file is named inside mergekit's "Executing graph" bar: as a
+    terminal shows it (what follows the last carriage return of each line), the warning starts its line."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "c.yaml"
+    config.write_text(flat_config_text(flat_mlp, AGENTS, dtype="bfloat16"), encoding="utf-8")
+    out = tmp_path / "out"
+    exe = str(Path(sys.executable).parent / "mergekit-pytorch")
+    env = {**os.environ, "MERGEKIT_RAM_CACHE": "off", "MERGEKIT_RAM_NATIVE": "0"}
+    subprocess.run([exe, str(config), str(out)], check=True, capture_output=True, env=env, timeout=300)
+    (out / "model-00001-of-00002.safetensors").write_bytes((out / "model.safetensors").read_bytes())
+    done = subprocess.run([exe, str(config), str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    shown = [line.rsplit("\r", 1)[-1] for line in done.stderr.split("\n")]
+    warned = [line for line in shown if "removing" in line]
+    assert len(warned) == 1 and warned[0].startswith("WARNING:mergekit_ram:ramplus: removing "), shown
+    assert not (out / "model-00001-of-00002.safetensors").exists()
+
+
+def test_batch_norm_buffers(flat_cnn, tmp_path):
+    """What the README says of BatchNorm: `running_mean` and `running_var` are floats, merged like weights (an
+    entry one agent changed is base + lambda * tau); an integer `num_batches_tracked` that the inputs agree on
+    is copied, one they differ on is refused by mergekit (its error, during the merge: no ram_stats.json)."""
+    from mergekit_ram import agent_statistics
+
+    tensors = run_flat(flat_config_text(flat_cnn, AGENTS, fmt="pt", dtype="float32"), tmp_path / "out")
+    base, sds = _inputs(flat_cnn, "pt")
+    lam = {a: s.lambda_(0.1, 2.0) for a, s in agent_statistics(base, sds).items()}
+    for name in ("bn.running_mean", "bn.running_var"):
+        taus = {a: (sd[name] - base[name]).double() for a, sd in sds.items()}
+        moved = {a: t.abs() > 1e-5 for a, t in taus.items()}
+        count = sum(m.int() for m in moved.values())
+        scaled = 0
+        for a, t in taus.items():
+            only = moved[a] & (count == 1)
+            want = base[name].double()[only] + lam[a] * t[only]
+            assert torch.allclose(tensors[name].double()[only], want, rtol=0, atol=1e-6), (name, a)
+            scaled += int(only.sum())
+        assert scaled > 0, name  # the fixture has entries only one agent changed
+    root = tmp_path / "in"
+    root.mkdir()
+    copies = {who: str(root / f"{who}.pt") for who in ("base", *AGENTS)}
+    for who, path in copies.items():
+        Path(path).write_bytes(Path(flat_cnn.path(who, "pt")).read_bytes())
+    sd = torch.load(copies["B"], weights_only=True)
+    sd["bn.num_batches_tracked"] = sd["bn.num_batches_tracked"] + 200
+    torch.save(sd, copies["B"])
+    with pytest.raises(ValueError, match="Non-floating buffer 'bn.num_batches_tracked' differs between inputs"):
+        run_flat(flat_config_text(flat_cnn, AGENTS, fmt="pt", dtype="float32", paths=copies), tmp_path / "bad")
+    assert not (tmp_path / "bad" / "ram_stats.json").exists()

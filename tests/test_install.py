@@ -316,3 +316,50 @@ def test_readme_relative_links_resolve():
         elif not (REPO / path).exists():
             broken.append(f"{target} (no such file or folder)")
     assert not broken, f"README.md links that do not resolve: {broken}"
+
+
+# --------------------------------------------------------------------------- #
+# README install lines say what they do on any machine (issue 31)
+# --------------------------------------------------------------------------- #
+CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu"
+
+
+def _install_groups() -> dict[str, list[str]]:
+    """The Install section's shell block: each group is a comment (what it claims) and its commands."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, "README's Install section has no bash block"
+    groups: dict[str, list[str]] = {}
+    for chunk in block.group(1).strip().split("\n\n"):
+        lines = chunk.strip().splitlines()
+        assert lines[0].startswith("# "), f"an install group without its claim: {lines}"
+        groups[lines[0][2:]] = [line for line in lines[1:] if line.strip()]
+    return groups
+
+
+def test_readme_install_lines_name_what_they_claim():
+    """The README said `pip install torch==2.13.0 .` "pins the CPU build": on PyPI, torch 2.13.0 for Linux x86-64
+    is the CUDA build (it needs cuda-toolkit and nvidia-cudnn-cu13, measured with an isolated `pip install --dry-run
+    --report`); it stayed CPU-only here because this machine's pip configuration finds a local torch-2.13.0+cpu."""
+    groups = _install_groups()
+    claims = {claim.split(":")[0].split(",")[0].strip(): commands for claim, commands in groups.items()}
+    assert set(claims) == {"CPU only", "GPU machine", "wheel"}, list(groups)
+    for claim, commands in claims.items():
+        torch_lines = [c for c in commands if re.match(r"pip install torch\b", c)]
+        if claim == "CPU only":
+            assert torch_lines and all(CPU_INDEX in c for c in torch_lines), commands
+        if claim == "GPU machine":
+            assert torch_lines and not any("whl/cpu" in c for c in torch_lines), commands
+        if claim == "wheel":
+            assert any("python -m build" in c for c in commands) and any(
+                re.fullmatch(r"pip install dist/mergekit_ram-\*\.whl", c) for c in commands
+            ), commands
+        else:
+            assert commands[-1] == "pip install .", commands  # mergekit-ram from the checkout, after torch
+    # nowhere does the README call a bare torch pin (no CPU index) the CPU build
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    for sentence in re.split(r"(?<=[.:;])\s", text):
+        if re.search(r"torch==[\d.]+", sentence) and re.search(r"\bCPU\b", sentence):
+            assert "CUDA" in sentence or "whl/cpu" in sentence, sentence
+    assert "pins the CPU build" not in text
