@@ -236,3 +236,45 @@ def warn_stored_dtypes(stored: Mapping[str, str], base_model: str, dtype: str | 
             ", ".join(odd),
             base,
         )
+
+
+def check_integer_buffers(paths: Sequence[str]) -> None:
+    """`mergekit-pytorch` inputs (checked by `check_input_file`): an integer tensor stored by several files
+    (BatchNorm's `num_batches_tracked`) must hold the same value in each, or mergekit refuses it in the middle of
+    the merge with its own traceback; named here, before any weight is read. Only non-float tensors are loaded."""
+    import torch
+
+    seen: dict[str, tuple[str, Any]] = {}
+    for path in paths:
+        for name, tensor in _integer_tensors(path).items():
+            if name not in seen:
+                seen[name] = (path, tensor)
+                continue
+            first, value = seen[name]
+            if value.dtype != tensor.dtype or not torch.equal(value, tensor):
+                raise RamError(
+                    f"non-float tensor {name} differs between {first} ({_shown(value)}) and {path} "
+                    f"({_shown(tensor)}): mergekit copies such a buffer only when every input agrees (it does not "
+                    "merge counters such as num_batches_tracked); save the same value in each file, e.g. the base's"
+                )
+
+
+def _integer_tensors(path: str) -> dict[str, Any]:
+    if path.lower().endswith(".safetensors"):
+        from safetensors import safe_open
+
+        _, header = files.read_header(path)
+        names = [k for k, v in header.items() if k != "__metadata__" and not _is_float(v.get("dtype", "F"))]
+        if not names:
+            return {}
+        with safe_open(path, framework="pt") as f:
+            return {k: f.get_tensor(k) for k in names}
+    import torch
+
+    zipped = zipfile.is_zipfile(path)
+    data = torch.load(path, map_location=None if zipped else "cpu", mmap=zipped, weights_only=True)
+    return {str(k): v.clone() for k, v in data.items() if isinstance(v, torch.Tensor) and not v.is_floating_point()}
+
+
+def _shown(tensor: Any) -> str:
+    return f"{tensor.item()}" if tensor.numel() == 1 else f"{tensor.dtype} of shape {tuple(tensor.shape)}"

@@ -268,9 +268,9 @@ def reproduce_sentence(report: dict) -> str:
     )
     return (
         f"mergekit-ram {v['mergekit-ram']} is not on PyPI; install it from {where}, with `mergekit=={v['mergekit']}` "
-        f"(torch {v['torch']} was used), then run {command} with the inputs above. "
-        "`mergekit-ram verify FOLDER` checks a folder against its inputs: it recomputes every tensor and compares "
-        "the bits, writing nothing."
+        f"(torch {v['torch']} was used), then run {command} with the inputs above; check this folder against its "
+        "inputs with `mergekit-ram verify <folder>` (it recomputes every tensor and compares the bits, writing "
+        "nothing)."
     )
 
 

@@ -487,7 +487,7 @@ def test_card_for_a_hub_reader(merged, qwen_bf16):
     assert "one ρ per agent, counted over the whole model" in section and "ρ per model" not in section
     assert "pip install mergekit-ram" not in section and "not on PyPI" in section
     assert f"mergekit-ram {version('mergekit-ram')} is not on PyPI" in section
-    assert f"`mergekit=={version('mergekit')}`" in section and "`mergekit-ram verify FOLDER`" in section
+    assert f"`mergekit=={version('mergekit')}`" in section and "`mergekit-ram verify <folder>`" in section
     stats = read_stats(run.out)
     source = stats["mergekit_ram_source"]
     assert "checkout" not in source and "/" not in source.get("commit", "")  # never a local path

@@ -216,9 +216,11 @@ def flat_inputs(config: Any) -> list[str]:
 
 
 def check_flat_inputs(config: Any) -> None:
-    """Each input file, before mergekit opens it: there, a file, an intact safetensors or a weights-only pickle."""
+    """Each input file, before mergekit opens it: there, a file, an intact safetensors or a weights-only pickle
+    of tensors; then the integer buffers the files share, equal in each."""
     for path in flat_inputs(config):
         input_checks.check_input_file(path)
+    input_checks.check_integer_buffers(sorted(flat_inputs(config), key=lambda path: path != config.base_model))
 
 
 def plan_flat(

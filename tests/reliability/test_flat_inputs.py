@@ -283,3 +283,18 @@ def test_merge_that_would_write_no_tensor_is_an_error(rel, flat_mlp, tmp_path, m
     info = _refused(rel, flat_config_text(flat_mlp, AGENTS, paths=paths), out, "--tensor-intersection")
     rel.names(info, "would write no tensor", "--tensor-intersection", "state_dict")
     assert not out.exists()
+
+
+def test_integer_buffer_that_differs_is_named_before_any_work(rel, flat_cnn, tmp_path, monkeypatch):
+    """BatchNorm's `num_batches_tracked` differing between files: mergekit refused it mid-merge (after the
+    statistics pass) with its own ValueError and a traceback; now one line naming the tensor and both files."""
+    forbid_count(monkeypatch)
+    paths = _copy(flat_cnn, tmp_path / "in", fmt="pt")
+    sd = torch.load(paths["B"], weights_only=True)
+    sd["bn.num_batches_tracked"] = sd["bn.num_batches_tracked"] + 200
+    torch.save(sd, paths["B"])
+    rel.watch(tmp_path / "in")
+    out = tmp_path / "out"
+    info = _refused(rel, flat_config_text(flat_cnn, AGENTS, fmt="pt", dtype="float32", paths=paths), out)
+    rel.names(info, "bn.num_batches_tracked", paths["base"], paths["B"], "1000", "1200", "save the same value")
+    assert not out.exists()
