@@ -1,22 +1,26 @@
 """`mergekit-ram verify OUT_DIR`: a finished `ramplus` merge run again from its folder, compared instead of written.
 
-From the folder alone (`ram_stats.json` and, for `run_merge`, mergekit's `mergekit_config.yml`):
+The folder may be a stranger's: its files are read as `folder_checks` allows (regular files inside it, JSON
+and YAML bounded), and its record is evidence, not an instruction (`compare.recorded_options`: no recorded
+option that lets code run takes effect without the user's flag). From the folder alone (`ram_stats.json`
+and, for `run_merge`, mergekit's `mergekit_config.yml`):
 
-1. the inputs are resolved as mergekit resolves them (a hub id at the revision recorded for it) and their
-   identities (`report.public_identity`) checked against the recorded ones: a changed or missing input
-   is named, and nothing is recomputed;
+1. the inputs are resolved as mergekit resolves them (`resolved`: a hub id at the revision recorded for it,
+   a local copy given with `--input`) and their identities (`report.public_identity`) checked against the
+   recorded ones: a changed or missing input is named, and the folder cannot be checked;
 2. the config is planned as mergekit plans it, downhill like `inspect` (`planner.plan`, with the
    recorded options that change what is merged), and what it plans is checked against `ram_stats.json`
    (`compare.plan_mismatches`): an edited parameter is named, and nothing is recomputed;
 3. the merge runs again through the pipeline of a merge (`pipeline.prepare`: rho from the statistics
-   cache when it holds the counts, else counted, and injected), on the executor `run_merge` would use
-   (`rerun`): where mergekit would save each tensor (`SaveTensor`, cast to its dtype), `CompareTensor`
+   cache when it holds the counts, else counted in memory, and injected), on the executor `run_merge` would
+   use (`rerun`): where mergekit would save each tensor (`SaveTensor`, cast to its dtype), `CompareTensor`
    compares it with the published one, read from the folder (`PublishedTensor`), so the executor holds
    what a merge holds (less: no output shard is buffered). Tensors in the folder that the merge does not
-   plan are named.
+   plan are named;
+4. the files beside the weights are checked against what the merge makes (`published`).
 
-Nothing is written into the folder or an input (the statistics cache may gain an entry). The
-judging is `compare`'s, on plain data; this module plans, `rerun` runs.
+Nothing is written: not into the folder or an input, not into the statistics cache, no kernel is built
+(`cachedir.read_only`). The judging is `compare`'s, on plain data; this module plans, `rerun` runs.
 """
 
 from __future__ import annotations

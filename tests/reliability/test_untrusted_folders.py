@@ -448,3 +448,24 @@ def test_an_input_the_record_does_not_name_is_a_usage_error(rel, merged, capsys,
     code, _, err = _verify(capsys, merged, "--input", "no-equals-sign")
     assert code == 2
     rel.names(err, "--input no-equals-sign: expected RECORDED=LOCAL")
+
+
+def test_a_mergekit_pytorch_input_read_from_a_local_copy(rel, flat_mlp, tmp_path, capsys):
+    """The mergekit-pytorch door: the record names input files; --input maps one to a local copy."""
+    private = tmp_path / "inputs"
+    private.mkdir()
+    paths = {}
+    for who in ("base", "A", "B"):
+        src = Path(flat_mlp.path(who, "safetensors"))
+        paths[who] = str(shutil.copy2(src, private / src.name))
+    out = tmp_path / "flat-out"
+    run_flat(flat_config_text(flat_mlp, ["A", "B"], paths=paths), out)
+    moved = tmp_path / "downloads" / Path(paths["A"]).name
+    moved.parent.mkdir()
+    shutil.move(paths["A"], moved)
+    rel.watch(out, private, moved.parent)
+    code, text, _ = _verify(capsys, out)
+    assert code == 3
+    rel.names(_cannot_check(text, out), paths["A"], "--input RECORDED=LOCAL")
+    code, text, err = _verify(capsys, out, "--input", f"{paths['A']}={moved}")
+    assert code == 0 and "bit-identical" in text, text + err
