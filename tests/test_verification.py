@@ -1,10 +1,11 @@
 """`mergekit-ram verify OUT_DIR`: a finished ramplus merge recomputed from its folder and compared bit for bit.
 
 * no false alarm: folders merged by `run_merge` (not by verify) across the dtypes and options the suite
-  covers verify as bit-identical, with the count of tensors the folder holds;
+  covers verify as bit-identical, with the count of tensors the folder holds, and a summary line of what
+  was checked (identities, tensors, ram_stats.json's statistics, config.json, the card);
 * every change is found and named: one element of one tensor moved by one ulp (count 1, its |difference|),
   one element of every tensor at once, a tensor deleted or added, an agent's weights swapped for another's
-  (a changed identity: nothing recomputed), an edited parameter in mergekit_config.yml (nothing recomputed);
+  (a changed identity: exit 3, cannot check, nothing recomputed), an edited parameter in mergekit_config.yml (nothing recomputed);
 * a `mergekit-multi` stage whose config names the earlier stage's folder verifies, and names that folder
   once it is gone;
 * rho comes from the statistics cache when it holds the counts (no tensor counted);
@@ -13,7 +14,8 @@
 The bit comparison on plain tensors: tests/test_bitwise.py; the checks of the record on plain data:
 tests/test_record_checks.py; the outcome as text and JSON: tests/test_compare.py. Hub ids pinned to
 their recorded revision: tests/test_hub.py. Bad input to verify and "writes nothing":
-tests/reliability/test_verify_cases.py.
+tests/reliability/test_verify_cases.py; a stranger's folder (code, pickles, special files, links, the
+files beside the weights, --input): tests/reliability/test_untrusted_folders.py.
 """
 
 from __future__ import annotations
