@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from mergekit_ram import compare, folder_checks, output_checks, report
+from mergekit_ram import compare, folder_checks, output_checks, report, versions
 
 #: files verify reads to plan and compare (checked on their own)
 RECORDS = (output_checks.STATS_FILE, compare.CONFIG_FILE)
@@ -63,6 +63,13 @@ def check(
 
 def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: compare.Outcome) -> None:
     found = folder_checks.report_differences(recorded, json.loads(report.dumps(recomputed)))
+    was = (recorded.get("versions") or {}).get("mergekit-ram") if isinstance(recorded.get("versions"), dict) else None
+    now = versions.installed("mergekit-ram")
+    if was and was != now:  # another mergekit-ram writes other keys: only a value that differs is a difference
+        keys = [line for line in found if line.endswith((" lacks it", " the merge does not"))]
+        written = f"written by mergekit-ram {was}; {now} is installed"
+        outcome.notes += [f"ram_stats.json: {line} ({written})" for line in keys]
+        found = [line for line in found if line not in keys]
     shown = [f"ram_stats.json: {line}" for line in found[:SHOWN]]
     if len(found) > SHOWN:
         shown.append(f"ram_stats.json: {len(found) - SHOWN} more value(s) differ from the recomputed ones")

@@ -469,3 +469,23 @@ def test_a_mergekit_pytorch_input_read_from_a_local_copy(rel, flat_mlp, tmp_path
     rel.names(_cannot_check(text, out), paths["A"], "--input RECORDED=LOCAL")
     code, text, err = _verify(capsys, out, "--input", f"{paths['A']}={moved}")
     assert code == 0 and "bit-identical" in text, text + err
+
+
+def test_a_key_another_mergekit_ram_writes_is_a_note_not_a_difference(rel, merged, qwen_bf16, capsys):
+    """ram_stats.json by another mergekit-ram version may hold keys this one does not write: a note; by this
+    version, the same key is a difference."""
+    from mergekit_ram import versions
+
+    _edit_stats(merged, lambda d: d.update(future_key=1))
+    rel.watch(qwen_bf16.paths["base"])
+    code, text, err = _verify(capsys, merged)
+    assert code == 1, text + err
+    rel.names(_differs(text, merged), "ram_stats.json: future_key: ram_stats.json records it, the merge does not")
+    now = versions.installed("mergekit-ram")
+    _edit_stats(merged, lambda d: d["versions"].update(**{"mergekit-ram": "0.0.1"}))
+    card = merged / "README.md"
+    card.write_text(card.read_text(encoding="utf-8").replace(f") {now} (mergekit", ") 0.0.1 (mergekit")
+                    .replace(f"mergekit-ram=={now}", "mergekit-ram==0.0.1"), encoding="utf-8")  # fmt: skip
+    code, text, err = _verify(capsys, merged)
+    assert code == 0, text + err
+    rel.names(err, "future_key: ram_stats.json records it, the merge does not (written by mergekit-ram 0.0.1")
