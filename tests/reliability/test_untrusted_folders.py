@@ -138,7 +138,18 @@ def remote_code_merge(qwen_bf16, tmp_path):
     marker.unlink()
     for name in [n for n in sys.modules if n.endswith("configuration_evil")]:
         del sys.modules[name]  # imported afresh by whoever imports it next
-    return out, marker, inputs
+    yield out, marker, inputs
+    _forget_copied_modules(inputs)
+
+
+def _forget_copied_modules(inputs) -> None:
+    """transformers copies a trusted model's module into its modules cache (under $HOME): remove our copies."""
+    from transformers.dynamic_module_utils import HF_MODULES_CACHE
+
+    for who in inputs:
+        copied = Path(HF_MODULES_CACHE) / "transformers_modules" / who
+        if any(copied.glob("**/configuration_evil.py")):
+            shutil.rmtree(copied)
 
 
 def test_recorded_trust_remote_code_runs_nothing_without_the_users_flag(rel, remote_code_merge, capsys):
