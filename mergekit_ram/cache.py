@@ -127,7 +127,7 @@ def load(digest: str) -> dict | None:
 def store(digest: str, agents: list, tensors: list) -> Path | None:
     """Write an entry atomically; a cache that cannot be written is only a warning."""
     folder = directory()
-    if folder is None:
+    if folder is None or not cachedir.writable():  # off, or read only (verify)
         return None
     entry = {
         "format": FORMAT,

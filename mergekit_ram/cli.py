@@ -31,7 +31,11 @@ class _InputError(Exception):
 
 
 class _NotIdentical(Exception):
-    """`verify` found the folder not identical and said so: exit code 1, nothing more printed."""
+    """`verify` found the folder not identical (exit code 1) or could not check it (3) and said so."""
+
+    def __init__(self, code: int = 1):
+        super().__init__(code)
+        self.code = code
 
 
 # --------------------------------------------------------------------------- #
@@ -190,16 +194,23 @@ def _verify_command() -> click.Command:
     @click.command(
         "verify",
         help=(
-            "Check that OUT_DIR holds what its ramplus merge makes of its inputs: from OUT_DIR's ram_stats.json "
-            "and mergekit_config.yml, check each input's recorded identity (a hub id at its recorded revision) and "
-            "that the config plans the recorded parameters, then recompute the merge tensor by tensor (rho from the "
-            "statistics cache when it holds the counts) and compare each tensor's bits with the published one, "
-            "writing nothing. Exit 0: bit-identical; 1: what differs is named (a changed input, an edited parameter, "
-            "each differing, missing or extra tensor) or something cannot be read; 2: a usage error."
+            "Check that OUT_DIR holds what its ramplus merge makes of its inputs, writing nothing and running no code "
+            "from OUT_DIR or its inputs: check each input's recorded identity (a hub id at its recorded revision), "
+            "that mergekit_config.yml plans the recorded parameters, recompute the merge tensor by tensor (rho from "
+            "the statistics cache when it holds the counts, else counted in memory) and compare each tensor's bits "
+            "with the published one; then ram_stats.json's statistics, the card's RAM+ section, config.json and the "
+            "copied tokenizer files. The last line says what was checked and what was not. Exit 0: bit-identical; "
+            "1: the folder is not what it records (each difference named); 2: a usage error; 3: cannot check (an "
+            "input missing or changed, a recorded option refused, a file refused or unreadable)."
         ),
     )
     @click.argument("out_dir", metavar="OUT_DIR", type=click.Path(path_type=Path))
     @click.option("--json", "as_json", is_flag=True, help="print the result as JSON (schema: mergekit_ram/compare.py)")
+    @click.option("--input", "inputs", multiple=True, metavar="RECORDED=LOCAL",
+                  help="read the recorded input RECORDED from the local copy LOCAL (its identity is checked); "
+                  "repeatable")  # fmt: skip
+    @click.option("--trust-remote-code", is_flag=True,
+                  help="let the inputs' own code run where the merge's record says it ran")  # fmt: skip
     @click.option("--device", help="compute on this device (as mergekit-yaml's --device)")
     @click.option("--cuda", is_flag=True, help="compute on the GPU")
     @click.option("--low-cpu-memory", is_flag=True, help="keep intermediate values on the device")
@@ -210,37 +221,47 @@ def _verify_command() -> click.Command:
     @click.option("--lora-merge-cache", metavar="DIR", help="where LoRA inputs are merged into their models")
     @click.option("--quiet", "-q", is_flag=True, help="no progress bars")
     @click.option("-v", "verbosity", count=True, help="log more (repeat for more)")
-    def verify(out_dir: Path, as_json: bool, **flags: Any) -> None:
-        _verify(out_dir, as_json, flags)
+    def verify(out_dir: Path, as_json: bool, inputs: tuple[str, ...], trust_remote_code: bool, **flags: Any) -> None:
+        _verify(out_dir, as_json, flags, inputs=inputs, trust=trust_remote_code)
 
     return verify
 
 
-def _verify(out_dir: Path, as_json: bool, flags: dict[str, Any]) -> None:
+def _verify(
+    out_dir: Path, as_json: bool, flags: dict[str, Any], *, inputs: Sequence[str] = (), trust: bool = False
+) -> None:
     from mergekit.options import MergeOptions
 
     from mergekit_ram import compare
     from mergekit_ram._mergekit import verification
 
+    copies = {}
+    for pair in inputs:
+        recorded, sep, local = pair.partition("=")
+        if not sep or not recorded or not local:
+            raise _UsageError(f"--input {pair}: expected RECORDED=LOCAL (a recorded input and its local copy)")
+        copies[recorded] = local
     options = MergeOptions(**{k: v for k, v in flags.items() if v not in (None, False)})
     options.apply_global_options()
     try:
-        outcome = verification.verify(str(out_dir), options)
+        outcome = verification.verify(str(out_dir), options, trust_remote_code=trust, inputs=copies)
     except compare.NotVerifiable as error:
         raise _UsageError(str(error)) from error
     except (compare.Unreadable, verification.InputError) as error:
+        message = " ".join(str(error).split())
+        outcome = compare.Outcome(folder=str(out_dir.expanduser().absolute()), error=message)
         if as_json:
-            failed = compare.Outcome(folder=str(out_dir.expanduser().absolute()), error=" ".join(str(error).split()))
-            print(compare.dumps(failed), end="")
-        raise _InputError(str(error)) from error
+            print(compare.dumps(outcome), end="")
+        print(f"{PROG} verify: cannot check: {message}", file=sys.stderr)
+        raise _NotIdentical(outcome.exit_code) from error
     if as_json:
         print(compare.dumps(outcome), end="")
     else:
         for note in outcome.notes:
             print(f"note: {note}", file=sys.stderr)
         print(outcome.text())
-    if not outcome.identical:
-        raise _NotIdentical
+    if outcome.exit_code:
+        raise _NotIdentical(outcome.exit_code)
 
 
 # --------------------------------------------------------------------------- #
@@ -296,8 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.ClickException as error:  # usage errors
         error.show()
         return 2
-    except _NotIdentical:
-        return 1
+    except _NotIdentical as verdict:
+        return verdict.code
     except click.exceptions.Abort:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

@@ -5,12 +5,14 @@
 
 Knows nothing of mergekit (`_mergekit/verification.py` plans and recomputes; this module judges).
 
-JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/verify", format_version 1:
+JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/verify", format_version 2:
 
 - `folder` (absolute), `entry_point` ("run_merge" or "mergekit-pytorch"; null when unread),
-  `result`: "identical" (exit 0), "differs" (exit 1), "error" (exit 1: something could not be
-  read; `error` says what). A usage error (exit 2: no such folder, no ram_stats.json, another
-  method's folder) prints no JSON, only its line on stderr;
+  `result` and `exit_code`: "identical" (0), "differs" (1: the folder is not what it records), "cannot check"
+  (3: an input missing, changed or unreadable, a recorded option refused, a file verify refuses or cannot
+  read; `cannot_check` says why, `error` too when verify stopped), with `headline`, the first line of the
+  text. A usage error (exit 2: no such folder, no ram_stats.json, another method's folder, a bad option)
+  prints no JSON, only its line on stderr;
 - `merged`: whether the merge was recomputed (false when an input changed or the config does not
   plan what `ram_stats.json` records: nothing is recomputed then);
 - `statistics`: where rho came from ("cache", "computed", "not computed"), null when not recomputed;
@@ -19,10 +21,14 @@ JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/ver
   "not recorded"), `recorded` and `found` identities ({content_id, revision?}; found is null when
   missing), `detail` (one line, or null);
 - `parameters[]`: one line per parameter the config plans otherwise than `ram_stats.json` records;
+- `files[]`: one line per published file other than the weights that says otherwise than the merge
+  (ram_stats.json's statistics, the card's RAM+ section, config.json, a copied tokenizer file, a weight file
+  another loader reads);
 - `tensors[]`: only the tensors that are not identical: `name`, `status` ("differs", "dtype",
   "shape", "missing" (planned, not in the folder), "extra" (in the folder, not planned),
   "unreadable"), `elements`, `differing`, `nan`, `max_abs_difference` (a number, "inf", or null),
   `published` and `recomputed` ("dtype [shape]" or null), `detail` (or null);
+- `checked[]`, `not_checked[]`: what was checked, and what was not (files no check covers, and why);
 - `problems[]`: every finding as one line of text (what the text output prints);
 - `notes[]`: what does not decide the result (versions differing from the recorded ones, ...).
 """
@@ -42,10 +48,15 @@ from mergekit_ram.record_checks import (
     Unreadable,
     check_identity,
     damaged_weight_file,
+    forced_unsafe,
+    local_copies,
     merge_record,
+    missing_hint,
     plan_mismatches,
     read_report,
     recorded_inputs,
+    recorded_options,
+    relabel,
     rho_mismatches,
     stray_tensors,
     version_notes,
@@ -68,17 +79,24 @@ __all__ = [
     "damaged_weight_file",
     "describe",
     "dumps",
+    "forced_unsafe",
+    "local_copies",
     "merge_record",
+    "missing_hint",
     "plan_mismatches",
     "read_report",
     "recorded_inputs",
+    "recorded_options",
+    "relabel",
     "rho_mismatches",
     "stray_tensors",
     "version_notes",
 ]
 
 FORMAT = "mergekit-ram/verify"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: exit code of each result
+EXIT = {"identical": 0, "differs": 1, "cannot check": 3}
 
 
 @dataclass
@@ -93,6 +111,12 @@ class Outcome:
     statistics: str | None = None
     compared: int = 0
     differences: list[Difference] = field(default_factory=list)
+    #: published files other than the weights that say otherwise than the merge
+    files: list[str] = field(default_factory=list)
+    #: why the folder cannot be checked (a refused option, ...), beside `error` and the inputs
+    cannot_check: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+    not_checked: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -103,37 +127,67 @@ class Outcome:
         if not found.identical:
             self.differences.append(found)
 
+    def _differs(self) -> list[str]:
+        return [*self.parameters, *self.files, *(d.line() for d in sorted(self.differences, key=lambda d: d.name))]
+
+    def _blocked(self) -> list[str]:
+        lines = [check.line() for check in self.inputs if check.status in ("changed", "missing")]
+        lines += self.cannot_check
+        return lines + ([self.error] if self.error is not None else [])
+
     @property
     def identical(self) -> bool:
-        return self.error is None and self.merged and not self.problems()
+        return self.result == "identical"
 
     @property
     def result(self) -> str:
-        return "error" if self.error is not None else ("identical" if self.identical else "differs")
+        if self._differs():
+            return "differs"
+        if self._blocked() or not self.merged:
+            return "cannot check"
+        return "identical"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT[self.result]
 
     def problems(self) -> list[str]:
-        lines = [check.line() for check in self.inputs if check.status in ("changed", "missing")]
-        lines += self.parameters
-        lines += [d.line() for d in sorted(self.differences, key=lambda d: d.name)]
-        if self.error is not None:
-            lines.append(self.error)
-        return lines
+        return self._blocked() + self._differs()
+
+    def _where(self) -> str:
+        return {"cache": " (rho from the statistics cache)", "computed": " (rho counted again)"}.get(
+            str(self.statistics), ""
+        )
+
+    def headline(self) -> str:
+        where = self._where()
+        if self.result == "identical":
+            return f"{self.folder}: bit-identical, {self.compared:,} tensors{where}"
+        if self.result == "differs":
+            found = self._differs()
+            return f"{self.folder}: NOT identical ({len(found)} problem{'s' if len(found) != 1 else ''}):"
+        blocked = self._blocked()
+        return f"{self.folder}: CANNOT CHECK ({len(blocked)} reason{'s' if len(blocked) != 1 else ''}):"
+
+    def summary(self) -> str:
+        """What was checked and what was not, in one line."""
+        checked = "; ".join(self.checked) or "nothing"
+        return f"checked: {checked}" + (f". Not checked: {'; '.join(self.not_checked)}" if self.not_checked else "")
 
     def text(self) -> str:
         """What `mergekit-ram verify` prints."""
-        where = {"cache": " (rho from the statistics cache)", "computed": " (rho counted again)"}.get(
-            str(self.statistics), ""
-        )
-        if self.identical:
-            return f"{self.folder}: bit-identical, {self.compared:,} tensors{where}"
-        problems = self.problems()
-        lines = [f"{self.folder}: NOT identical ({len(problems)} problem{'s' if len(problems) != 1 else ''}):"]
-        lines += [f"  {line}" for line in problems]
-        if not self.merged:
+        lines = [self.headline()]
+        if self.result == "differs":
+            lines += [f"  {line}" for line in self._differs()]
+            lines += [f"  {line} (so it was not checked)" for line in self._blocked()]
+        elif self.result == "cannot check":
+            lines += [f"  {line}" for line in self._blocked()]
+        if not self.merged and self.result != "identical":
             lines.append("  (nothing recomputed: the merge was not run again)")
-        else:
+        elif self.result == "differs":
             same = self.compared - sum(d.status != "extra" for d in self.differences)
-            lines.append(f"  {same:,} of {self.compared:,} tensors bit-identical{where}")
+            lines.append(f"  {same:,} of {self.compared:,} tensors bit-identical{self._where()}")
+        lines.append(self.summary())
         return "\n".join(lines)
 
     def as_json(self) -> dict:
@@ -144,13 +198,19 @@ class Outcome:
             "folder": self.folder,
             "entry_point": self.entry_point,
             "result": self.result,
+            "exit_code": self.exit_code,
+            "headline": self.headline(),
             "merged": self.merged,
             "statistics": self.statistics,
             "tensors_compared": self.compared,
             "tensors_identical": identical,
             "inputs": [check.as_json() for check in self.inputs],
             "parameters": list(self.parameters),
+            "files": list(self.files),
             "tensors": [d.as_json() for d in sorted(self.differences, key=lambda d: d.name)],
+            "cannot_check": self._blocked(),
+            "checked": list(self.checked),
+            "not_checked": list(self.not_checked),
             "problems": self.problems(),
             "notes": list(self.notes),
         }

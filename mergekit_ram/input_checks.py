@@ -13,6 +13,15 @@ from mergekit_ram import files
 from mergekit_ram.errors import RamError
 
 LOG = logging.getLogger("mergekit_ram")
+#: torch's variable that makes `torch.load` unpickle fully wherever `weights_only` is not passed
+FORCE_UNSAFE = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+#: the weight files (and indexes) mergekit's loader looks for in a model folder
+WEIGHT_NAMES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def check_input_files(config: Any) -> None:
@@ -21,6 +30,7 @@ def check_input_files(config: Any) -> None:
         path = model.model.path
         if not os.path.isdir(path):
             continue  # a hub id: mergekit resolves (and validates) it
+        _refuse_special(path, "config.json", *WEIGHT_NAMES)
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise RamError(f"input model {path} has no config.json (an incomplete download or copy?)")
         weights = _safetensors_files(path)
@@ -50,6 +60,7 @@ def check_input_file(path: str) -> None:
             f"input {path} is a folder: mergekit-pytorch merges single files (.safetensors or a PyTorch "
             "checkpoint); merge model folders with mergekit-yaml"
         )
+    _refuse_special(os.path.dirname(path), os.path.basename(path))
     if path.lower().endswith(".safetensors"):
         files.check_safetensors(path)
     else:
@@ -119,6 +130,11 @@ def check_pickle(file: str) -> None:
     unpickling; an older, non-zip one is loaded by torch's weights-only unpickler onto the
     meta device, which refuses anything but tensors without running it.
     """
+    if os.environ.get(FORCE_UNSAFE, "0").strip().lower() in ("1", "y", "yes", "true"):
+        raise RamError(
+            f"input file {file} is a pickle and {FORCE_UNSAFE} is set: torch would then unpickle it fully where "
+            "mergekit does not ask for weights only, which could run code; unset it (or convert to safetensors)"
+        )
     try:
         from torch.serialization import get_unsafe_globals_in_checkpoint
     except ImportError:  # older torch: mergekit's weights_only loading still protects
@@ -152,6 +168,17 @@ def _check_legacy_pickle(file: str) -> None:
         ) from error
     except Exception as error:
         raise RamError(f"input file {file} is not a readable PyTorch checkpoint: {error}") from error
+
+
+def _refuse_special(folder: str, *names: str) -> None:
+    """RamError naming the first of `names` in `folder` that is there but no regular file (a FIFO, a device):
+    reading it could hang or never end, so it is not opened."""
+    for name in names:
+        full = os.path.join(folder, name)
+        if os.path.lexists(full) and not os.path.isfile(full):
+            raise RamError(
+                f"input {full} is not a regular file (a FIFO, a device, a folder or a broken link): not read"
+            )
 
 
 def _safetensors_files(path: str) -> list[str]:

@@ -65,10 +65,16 @@ class UnsafeLocation(RuntimeError):
 
 
 def library():
-    """The loaded library, building it once; None (with one warning) if it cannot be."""
+    """The loaded library, building it once; None (with one warning) if it cannot be. Inside
+    `cachedir.read_only()`: the library if it is built already, never built (None otherwise)."""
     global _lib, _failed
     if _lib is not None or _failed is not None:
         return _lib
+    if not cachedir.writable():
+        memo = cachedir.looked_up()
+        if "native" not in memo:
+            memo["native"] = _built()
+        return memo["native"]
     with _lock:
         if _lib is None and _failed is None:
             try:
@@ -207,6 +213,26 @@ def _declare(lib):
     for scratch in (lib.count_scratch, lib.diagnose_scratch):
         scratch.argtypes, scratch.restype = [ctypes.c_int], int64
     return lib
+
+
+def _built():
+    """The library if it is built and safe to load, loaded; None otherwise (nothing is built or removed)."""
+    global _lib
+    try:
+        target = _recipe()[2]
+        if not os.path.lexists(target):
+            LOG.info("mergekit-ram: the fast CPU kernel is not built and is not built now; using the torch kernel")
+            return None
+        _check_private(target.parent.parent, "cache folder", follow=True)
+        _check_private(target.parent, "kernel folder")
+        _check_private(target, "compiled kernel")
+        with _lock:
+            if _lib is None:
+                _lib = _declare(ctypes.CDLL(str(target)))
+        return _lib
+    except Exception as error:  # no compiler, unsafe or foreign file: the torch kernel, same results
+        LOG.info("mergekit-ram: the built fast CPU kernel is not used (%s); using the torch kernel", error)
+        return None
 
 
 def _load():

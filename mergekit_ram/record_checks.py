@@ -9,14 +9,14 @@ users import (it re-exports these).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mergekit_ram import files, output_checks
+from mergekit_ram import files, folder_checks, input_checks, output_checks
 from mergekit_ram.bitwise import json_number, shown
+from mergekit_ram.folder_checks import Unreadable
 
 #: ram_stats.json format versions verify can read (1 and 2 have no `merge` record: run_merge, default options)
 READABLE = (1, 2, 3)
@@ -25,10 +25,6 @@ CONFIG_FILE = "mergekit_config.yml"
 
 class NotVerifiable(ValueError):
     """The folder is not one verify can check (no such folder, no ram_stats.json, another method's): a usage error."""
-
-
-class Unreadable(ValueError):
-    """A file verify needs is there but damaged (corrupt JSON, a config mergekit cannot read): a data error."""
 
 
 # --------------------------------------------------------------------------- #
@@ -43,16 +39,12 @@ def read_report(folder: str) -> dict:
     if not os.path.isdir(folder):
         raise NotVerifiable(f"{'not a folder' if os.path.exists(folder) else 'no such folder'}: {folder}")
     path = os.path.join(folder, output_checks.STATS_FILE)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise NotVerifiable(
             f"{folder} holds no {output_checks.STATS_FILE}: not the output of a finished ramplus merge "
             "(another method's, or a merge that stopped before the end)"
         )
-    try:
-        with open(path, encoding="utf-8") as f:
-            found = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise Unreadable(f"{path} is unreadable ({error}): is the folder damaged?") from error
+    found = folder_checks.read_json(folder, output_checks.STATS_FILE)
     if not isinstance(found, dict) or found.get("format") != output_checks.STATS_FORMAT:
         raise NotVerifiable(f"{path} was not written by mergekit-ram (no format {output_checks.STATS_FORMAT!r})")
     if found.get("method") != "ramplus":
@@ -196,13 +188,18 @@ class InputCheck:
         }
 
 
-def check_identity(model: str, role: str, recorded: Mapping[str, Any], found: Mapping[str, Any]) -> InputCheck:
-    """An input's identity found now against the recorded one (`report.public_identity`: content_id, revision)."""
+def check_identity(
+    model: str, role: str, recorded: Mapping[str, Any], found: Mapping[str, Any], *, copy: str | None = None
+) -> InputCheck:
+    """An input's identity found now against the recorded one (`report.public_identity`: content_id, revision).
+    `copy`: a local copy stands for it (`verify --input`): its content is checked, not where it came from."""
     if not recorded.get("content_id"):
         return InputCheck(model, role, "not recorded", recorded, found)
+    keys = ("content_id",) if copy else ("revision", "content_id")
     differ = [
-        f"{key} {_short(found.get(key))} now, {_short(recorded.get(key))} recorded"
-        for key in ("revision", "content_id")
+        (f"the copy {copy}: " if copy else "")
+        + f"{key} {_short(found.get(key))} now, {_short(recorded.get(key))} recorded"
+        for key in keys
         if (recorded.get(key) or None) != (found.get(key) or None)
     ]
     if differ:
@@ -225,6 +222,80 @@ def version_notes(recorded: dict, installed: Mapping[str, str]) -> list[str]:
         for name in sorted(installed)
         if was.get(name) and was[name] != installed[name]
     ]
+
+
+# --------------------------------------------------------------------------- #
+# What the record asks, taken as evidence: options, inputs read from local copies
+# --------------------------------------------------------------------------- #
+#: recorded options that let code run: applied only with the user's own flag (lazy_unpickle: never)
+CODE_OPTIONS = ("trust_remote_code", "lazy_unpickle")
+
+
+def forced_unsafe() -> bool:
+    """Whether torch is told to unpickle fully wherever `weights_only` is not passed (`input_checks.FORCE_UNSAFE`)."""
+    return os.environ.get(input_checks.FORCE_UNSAFE, "0").strip().lower() in ("1", "y", "yes", "true")
+
+
+def recorded_options(
+    record: dict, options: Any, trust: bool, recordable: Iterable[str]
+) -> tuple[Any, list[str], str | None]:
+    """(`options` with the recorded values of the options that change what is merged (`recordable`: the names,
+    `report.RECORDED_OPTIONS`), notes, why not): none that
+    lets code run is applied as recorded: `trust_remote_code` only with the user's flag (`trust`; without it
+    the options are None and the reason says why verify cannot check), `lazy_unpickle` never (mergekit's
+    weights-only loader reads the same tensors). The record is evidence, not an instruction."""
+    found = record.get("options") or {}
+    stats = output_checks.STATS_FILE
+    if not isinstance(found, dict):
+        raise Unreadable(f"{stats}: the merge record's options are not a mapping: is the folder damaged?")
+    update = {k: v for k, v in found.items() if k in set(recordable) and k not in CODE_OPTIONS}
+    notes: list[str] = []
+    if found.get("trust_remote_code") not in (None, False):
+        if not trust:
+            why = (
+                f"{stats} records trust_remote_code: true (the merge ran code from its inputs' folders); "
+                "verify runs no such code unless you pass --trust-remote-code"
+            )
+            return None, notes, why
+        update["trust_remote_code"] = True
+    if found.get("lazy_unpickle") not in (None, False):
+        notes.append(
+            f"{stats} records lazy_unpickle: true; verify reads pickles weights-only instead (the same tensors)"
+        )
+    update["lazy_unpickle"] = False
+    try:
+        checked = type(options).model_validate(update)
+    except Exception as error:
+        why = ", ".join(str(e.get("loc", ("?",))[0]) for e in getattr(error, "errors", list)()) or "invalid"
+        raise Unreadable(f"{stats}: the merge record's options are not mergekit's ({why})") from error
+    return options.model_copy(update={k: getattr(checked, k) for k in update}), notes, None
+
+
+def local_copies(recorded: dict, inputs: Mapping[str, str]) -> dict[str, str]:
+    """recorded input -> absolute path of its local copy (`--input`); NotVerifiable for a name the record lacks."""
+    known = {label for label, _, _ in recorded_inputs(recorded)}
+    for name in inputs:
+        if name not in known:
+            raise NotVerifiable(
+                f"--input {name}=...: ram_stats.json records no input {name} (it records {', '.join(sorted(known))})"
+            )
+    return {name: os.path.abspath(os.path.expanduser(local)) for name, local in inputs.items()}
+
+
+def relabel(value: Any, labels: Mapping[str, str]) -> Any:
+    """`value` (a report, or anything in it) with every model label in `labels` (now -> recorded) replaced."""
+    if not labels:
+        return value
+    if isinstance(value, dict):
+        return {labels.get(k, k) if isinstance(k, str) else k: relabel(v, labels) for k, v in value.items()}
+    if isinstance(value, list):
+        return [relabel(v, labels) for v in value]
+    return labels.get(value, value) if isinstance(value, str) else value
+
+
+def missing_hint(copies: Mapping[str, str]) -> str:
+    """What to say after a missing input: a local copy can stand for it."""
+    return "" if copies else " (a local copy can stand for it: --input RECORDED=LOCAL)"
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -30,14 +30,20 @@ def test_the_public_names_are_where_they_were():
     } <= set(compare.__all__)
 
 
-def test_an_identical_folder_is_one_line():
+def test_an_identical_folder_is_a_headline_and_what_was_checked():
     outcome = compare.Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="cache")
     for name in ("a", "b"):
         outcome.add(compare.compare(name, torch.zeros(2), torch.zeros(2)))
+    outcome.checked += ["2 tensors bit for bit", "config.json"]
+    outcome.not_checked.append("vocab.json (no check covers it)")
     assert outcome.identical and outcome.result == "identical" and outcome.differences == []
-    assert outcome.text() == f"{FOLDER}: bit-identical, 2 tensors (rho from the statistics cache)"
+    assert outcome.exit_code == 0
+    assert outcome.text().splitlines() == [
+        f"{FOLDER}: bit-identical, 2 tensors (rho from the statistics cache)",
+        "checked: 2 tensors bit for bit; config.json. Not checked: vocab.json (no check covers it)",
+    ]
     outcome.statistics = "computed"
-    assert outcome.text().endswith("2 tensors (rho counted again)")
+    assert outcome.headline().endswith("2 tensors (rho counted again)")
 
 
 def test_a_differing_folder_names_each_problem_in_order():
@@ -55,20 +61,38 @@ def test_a_differing_folder_names_each_problem_in_order():
         "  differs: b.weight: 1 of 2 elements, max |difference| 0.5",
         "  extra: z.extra: in the folder (in model.safetensors), not planned by the merge",
         "  1 of 3 tensors bit-identical (rho counted again)",
+        "checked: nothing",
     ]
+    assert outcome.exit_code == 1
 
 
-def test_nothing_recomputed_is_said():
+def test_a_changed_input_is_cannot_check_and_nothing_recomputed_is_said():
+    """Not the recorded input: the folder cannot be checked (exit 3), which is not "differs" (exit 1)."""
     changed = compare.InputCheck("A", "agent", "changed", {"content_id": "x"}, {"content_id": "y"}, "content_id y now")
     outcome = compare.Outcome(folder=FOLDER, entry_point="run_merge", inputs=[changed])
-    assert outcome.result == "differs"
+    outcome.checked.append("the identities of 1 input(s)")
+    assert outcome.result == "cannot check" and outcome.exit_code == 3
     assert outcome.text().splitlines() == [
-        f"{FOLDER}: NOT identical (1 problem):",
+        f"{FOLDER}: CANNOT CHECK (1 reason):",
         "  input A (agent) changed: content_id y now",
         "  (nothing recomputed: the merge was not run again)",
+        "checked: the identities of 1 input(s)",
     ]
     # identical tensors alone are no verdict: nothing was merged
     assert not compare.Outcome(folder=FOLDER).identical
+    assert compare.Outcome(folder=FOLDER).result == "cannot check"
+
+
+def test_each_result_has_its_headline_and_exit_code():
+    refused = compare.Outcome(folder=FOLDER, cannot_check=["ram_stats.json records trust_remote_code: true; ..."])
+    assert (refused.result, refused.exit_code) == ("cannot check", 3)
+    assert refused.headline() == f"{FOLDER}: CANNOT CHECK (1 reason):"
+    assert compare.dumps(refused).count('"exit_code": 3') == 1
+    differs = compare.Outcome(folder=FOLDER, merged=True, files=["config.json: rope_theta is 2.0, the merge writes 1.0"])
+    assert (differs.result, differs.exit_code, differs.headline()) == ("differs", 1, f"{FOLDER}: NOT identical (1 problem):")
+    # a difference found beside something not checkable: the folder is shown to differ
+    differs.cannot_check.append("tokenizer.json cannot be read")
+    assert differs.result == "differs" and "  tokenizer.json cannot be read (so it was not checked)" in differs.text()
 
 
 def test_json_follows_the_schema():
@@ -80,17 +104,23 @@ def test_json_follows_the_schema():
     assert compare.dumps(outcome).endswith("}\n")
     assert found == {
         "format": "mergekit-ram/verify",
-        "format_version": 1,
+        "format_version": 2,
         "folder": FOLDER,
         "entry_point": "run_merge",
         "result": "differs",
+        "exit_code": 1,
+        "headline": f"{FOLDER}: NOT identical (2 problems):",
         "merged": True,
         "statistics": "computed",
         "tensors_compared": 2,
         "tensors_identical": 0,
         "inputs": [],
         "parameters": [],
+        "files": [],
         "tensors": [differing().as_json(), found["tensors"][1]],
+        "cannot_check": [],
+        "checked": [],
+        "not_checked": [],
         "problems": outcome.problems(),
         "notes": ["torch 2.14.0 is installed; ..."],
     }
@@ -100,8 +130,9 @@ def test_json_follows_the_schema():
 def test_an_error_is_a_result():
     outcome = compare.Outcome(folder=FOLDER, error="the weights in /data/merged cannot be read: x")
     found = json.loads(compare.dumps(outcome))
-    assert (found["result"], found["error"], found["merged"], found["entry_point"]) == (
-        "error",
+    assert (found["result"], found["exit_code"], found["error"], found["merged"], found["entry_point"]) == (
+        "cannot check",
+        3,
         "the weights in /data/merged cannot be read: x",
         False,
         None,

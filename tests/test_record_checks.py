@@ -2,7 +2,10 @@
 
 The folder's `ram_stats.json` read (usage errors and data errors told apart), its merge record, damaged
 weight files and tensors the index does not name, the plan and the recomputed rho against the record,
-an input's identity against the recorded one, installed versions against the recorded ones. Through
+an input's identity against the recorded one, installed versions against the recorded ones; the recorded
+options taken as evidence (none that runs code without the user's flag), local copies of inputs, and
+`folder_checks` (a stranger's files: special files, links, size and depth, which weight files each loader
+reads, the published statistics against the recomputed ones). Through
 `mergekit-ram verify` on real folders: tests/test_verification.py, tests/reliability/test_verify_cases.py.
 """
 
@@ -90,7 +93,7 @@ def test_read_report_usage_errors(tmp_path):
 @pytest.mark.parametrize(
     "content, named",
     [
-        ('{"format": ', "is unreadable"),
+        ('{"format": ', "is not valid JSON"),
         (recorded_report(agents=None), "has no 'agents'"),
         (recorded_report(parameters=[]), "has no 'parameters'"),
     ],
@@ -228,3 +231,116 @@ def test_versions_other_than_the_recorded_ones_are_noted():
         "torch 2.14.0 is installed; the merge was made with 2.13.0 (a difference may come from that)"
     ]
     assert record_checks.version_notes(recorded_report(versions=None), installed) == []
+
+
+# ---------------------------------------------------------------- the record as evidence (issue 29)
+
+
+def test_recorded_options_apply_no_code_option_without_the_users_flag():
+    from mergekit.options import MergeOptions
+
+    from mergekit_ram import report
+
+    record = {"options": {"trust_remote_code": True, "lazy_unpickle": True, "allow_crimes": True}}
+    options, notes, refused = record_checks.recorded_options(record, MergeOptions(), False, report.RECORDED_OPTIONS)
+    assert options is None and "records trust_remote_code: true" in refused and "--trust-remote-code" in refused
+    options, notes, refused = record_checks.recorded_options(record, MergeOptions(), True, report.RECORDED_OPTIONS)
+    assert refused is None and options.trust_remote_code and options.allow_crimes and not options.lazy_unpickle
+    assert notes == ["ram_stats.json records lazy_unpickle: true; verify reads pickles weights-only instead (the same tensors)"]
+    # the user's flag alone asks for nothing the record does not
+    options, _, _ = record_checks.recorded_options({"options": {}}, MergeOptions(), True, report.RECORDED_OPTIONS)
+    assert not options.trust_remote_code
+    with pytest.raises(Unreadable, match="the merge record's options are not mergekit's \\(lora_merge_dtype\\)"):
+        record_checks.recorded_options({"options": {"lora_merge_dtype": {"x": 1}}}, MergeOptions(), False,
+                                       report.RECORDED_OPTIONS)  # fmt: skip
+
+
+def test_local_copies_name_recorded_inputs_only(tmp_path):
+    report = recorded_report()
+    assert record_checks.local_copies(report, {"A": str(tmp_path)}) == {"A": str(tmp_path)}
+    with pytest.raises(NotVerifiable, match="records no input Q \\(it records A, B, base\\)"):
+        record_checks.local_copies(report, {"Q": str(tmp_path)})
+
+
+def test_a_copy_is_checked_by_its_content_not_where_it_came_from():
+    recorded = {"content_id": HASH, "revision": "r1"}
+    assert record_checks.check_identity("A", "agent", recorded, {"content_id": HASH}, copy="/local/A").status == "same"
+    changed = record_checks.check_identity("A", "agent", recorded, {"content_id": "cd" * 32}, copy="/local/A")
+    assert changed.status == "changed" and changed.detail.startswith("the copy /local/A: content_id ")
+    assert record_checks.check_identity("A", "agent", recorded, {"content_id": HASH}).status == "changed"  # revision
+
+
+def test_relabel_reaches_every_label():
+    found = {"agents": [{"model": "now"}], "pairs": [{"agents": ["now", "B"]}], "tensors": [{"counts": {"now": [1]}}]}
+    assert record_checks.relabel(found, {"now": "was"}) == {
+        "agents": [{"model": "was"}], "pairs": [{"agents": ["was", "B"]}], "tensors": [{"counts": {"was": [1]}}]
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------- folder_checks: a stranger's files
+
+
+def test_folder_checks_refuse_special_files_links_out_and_depth(tmp_path):
+    import os
+
+    from mergekit_ram import folder_checks
+
+    (tmp_path / "ok.json").write_text('{"a": [1, {"b": 2}]}', encoding="utf-8")
+    assert folder_checks.read_json(str(tmp_path), "ok.json") == {"a": [1, {"b": 2}]}
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(Unreadable, match="fifo.json is a FIFO: not read"):
+        folder_checks.read_json(str(tmp_path), "fifo.json")
+    (tmp_path / "out.json").symlink_to("/etc/hostname")
+    with pytest.raises(Unreadable, match="out.json is a link out of"):
+        folder_checks.read_json(str(tmp_path), "out.json")
+    (tmp_path / "in.json").symlink_to(tmp_path / "ok.json")
+    assert folder_checks.read_json(str(tmp_path), "in.json")["a"][0] == 1
+    (tmp_path / "deep.json").write_text("[" * 65 + "]" * 65, encoding="utf-8")
+    with pytest.raises(Unreadable, match="nests deeper than 64 levels"):
+        folder_checks.read_json(str(tmp_path), "deep.json")
+    (tmp_path / "big.json").write_bytes(b" " * 2049)
+    with pytest.raises(Unreadable, match="larger than"):
+        folder_checks.read_bytes(str(tmp_path), "big.json", limit=2048)
+    with pytest.raises(Unreadable, match="fifo.json is a FIFO"):
+        folder_checks.check_entries(str(tmp_path))
+
+
+def test_hub_snapshot_links_into_blobs_are_read(tmp_path):
+    from mergekit_ram import folder_checks
+
+    snapshot = tmp_path / "models--org--m" / "snapshots" / "abc123"
+    blobs = tmp_path / "models--org--m" / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    (blobs / "f00d").write_text('{"x": 1}', encoding="utf-8")
+    (snapshot / "config.json").symlink_to("../../blobs/f00d")
+    assert folder_checks.read_json(str(snapshot), "config.json") == {"x": 1}
+
+
+@pytest.mark.parametrize(
+    "present, mergekit, transformers",
+    [
+        (["model.safetensors"], "model.safetensors", "model.safetensors"),
+        (["model.safetensors.index.json"], "model.safetensors.index.json", "model.safetensors.index.json"),
+        (["model.safetensors", "model.safetensors.index.json"], "model.safetensors.index.json", "model.safetensors"),
+        (["pytorch_model.bin", "pytorch_model.bin.index.json"], "pytorch_model.bin.index.json", "pytorch_model.bin"),
+        (["pytorch_model.bin", "model.safetensors"], "model.safetensors", "model.safetensors"),
+    ],
+)
+def test_which_weight_files_each_loader_reads(tmp_path, present, mergekit, transformers):
+    from mergekit_ram import folder_checks
+
+    for name in present:
+        (tmp_path / name).write_text("{}", encoding="utf-8")
+    assert folder_checks.loader_choices(str(tmp_path)) == {"mergekit": mergekit, "transformers": transformers}
+
+
+def test_report_differences_name_each_leaf_but_versions_and_identities():
+    from mergekit_ram import folder_checks
+
+    was = recorded_report()
+    now = copy.deepcopy(was)
+    now["agents"][0]["rho"] = 0.3
+    now["versions"] = {"mergekit": "9"}
+    now["agents"][0]["identity"] = {}
+    assert folder_checks.report_differences(was, now) == ["agents[0].rho: ram_stats.json records 0.25, recomputed 0.3"]

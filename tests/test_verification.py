@@ -1,10 +1,11 @@
 """`mergekit-ram verify OUT_DIR`: a finished ramplus merge recomputed from its folder and compared bit for bit.
 
 * no false alarm: folders merged by `run_merge` (not by verify) across the dtypes and options the suite
-  covers verify as bit-identical, with the count of tensors the folder holds;
+  covers verify as bit-identical, with the count of tensors the folder holds, and a summary line of what
+  was checked (identities, tensors, ram_stats.json's statistics, config.json, the card);
 * every change is found and named: one element of one tensor moved by one ulp (count 1, its |difference|),
   one element of every tensor at once, a tensor deleted or added, an agent's weights swapped for another's
-  (a changed identity: nothing recomputed), an edited parameter in mergekit_config.yml (nothing recomputed);
+  (a changed identity: exit 3, cannot check, nothing recomputed), an edited parameter in mergekit_config.yml (nothing recomputed);
 * a `mergekit-multi` stage whose config names the earlier stage's folder verifies, and names that folder
   once it is gone;
 * rho comes from the statistics cache when it holds the counts (no tensor counted);
@@ -13,7 +14,8 @@
 The bit comparison on plain tensors: tests/test_bitwise.py; the checks of the record on plain data:
 tests/test_record_checks.py; the outcome as text and JSON: tests/test_compare.py. Hub ids pinned to
 their recorded revision: tests/test_hub.py. Bad input to verify and "writes nothing":
-tests/reliability/test_verify_cases.py.
+tests/reliability/test_verify_cases.py; a stranger's folder (code, pickles, special files, links, the
+files beside the weights, --input): tests/reliability/test_untrusted_folders.py.
 """
 
 from __future__ import annotations
@@ -116,7 +118,10 @@ def test_verify_passes_on_merges_it_did_not_make(request, run_yaml, capsys, case
     code, out, err = verify(run.out, capsys)
     assert code == 0, out + err
     counted = "" if case in ("r0", "given_rho") else " (rho counted again)"  # r = 0 or rho given: none needed
-    assert out.strip() == f"{run.out}: bit-identical, {len(run.tensors)} tensors{counted}", out
+    headline, summary = out.strip().splitlines()
+    assert headline == f"{run.out}: bit-identical, {len(run.tensors)} tensors{counted}", out
+    assert summary.startswith("checked: the identities of ") and " tensors bit for bit " in summary, summary
+    assert "ram_stats.json's statistics" in summary and "config.json" in summary, summary
     assert read_stats(run.out)["merge"]["entry_point"] == "run_merge"
 
 
@@ -237,13 +242,14 @@ def test_swapped_input_is_named_and_nothing_is_recomputed(qwen_bf16, run_yaml, t
     for name in ("merge", "count", "diagnose"):
         monkeypatch.setattr(kernel, name, refuse)
     code, out, err = verify(run.out, capsys)
-    assert code == 1, out + err
+    assert code == 3, out + err  # not the recorded input: the folder cannot be checked, it is not shown to differ
+    assert out.startswith(f"{run.out}: CANNOT CHECK (1 reason):"), out
     assert f"input {inputs['A']} (agent) changed: content_id " in out, out
     assert "(nothing recomputed: the merge was not run again)" in out
     found = json.loads(verify(run.out, capsys, "--json")[1])
     statuses = {row["model"]: row["status"] for row in found["inputs"]}
     assert statuses == {str(inputs["base"]): "same", str(inputs["A"]): "changed", str(inputs["B"]): "same"}
-    assert found["merged"] is False and found["result"] == "differs"
+    assert found["merged"] is False and found["result"] == "cannot check" and found["exit_code"] == 3
 
 
 @pytest.mark.parametrize(
@@ -292,7 +298,7 @@ def test_mergekit_multi_stages_verify(qwen_bf16, tmp_path, capsys):
         assert code == 0 and "bit-identical" in out, out + err
     shutil.rmtree(inter / "first")
     code, out, _ = verify(inter / "second", capsys)
-    assert code == 1
+    assert code == 3
     assert f"input {inter / 'first'} (agent) cannot be read: no such folder: {inter / 'first'}" in out, out
 
 
@@ -310,7 +316,7 @@ def test_rho_comes_from_the_cache_when_it_holds_the_counts(qwen_bf16, run_yaml, 
     caplog.set_level(logging.INFO, logger="mergekit_ram")
     code, out, err = verify(run.out, capsys)
     assert code == 0, out + err
-    assert out.strip().endswith("tensors (rho from the statistics cache)"), out
+    assert out.splitlines()[0].endswith("tensors (rho from the statistics cache)"), out
     assert not counted
     assert any("statistics from cache" in r.getMessage() for r in caplog.records)
     assert json.loads(verify(run.out, capsys, "--json")[1])["statistics"] == "cache"
@@ -326,20 +332,27 @@ def test_json_schema(abc, tmp_path, capsys):
     tensors = len(load_file(str(abc / "model.safetensors")))
     assert found == {
         "format": "mergekit-ram/verify",
-        "format_version": 1,
+        "format_version": 2,
         "folder": str(abc),
         "entry_point": "run_merge",
         "result": "identical",
+        "exit_code": 0,
+        "headline": f"{abc}: bit-identical, {tensors} tensors (rho counted again)",
         "merged": True,
         "statistics": "computed",
         "tensors_compared": tensors,
         "tensors_identical": tensors,
         "inputs": found["inputs"],
         "parameters": [],
+        "files": [],
         "tensors": [],
+        "cannot_check": [],
+        "checked": found["checked"],
+        "not_checked": [],
         "problems": [],
         "notes": [],
     }
+    assert found["checked"][0] == "the identities of 4 input(s)", found["checked"]
     stats = read_stats(abc)
     recorded = [(stats["base_model"]["model"], "base", stats["base_model"]["identity"])]
     recorded += [(row["model"], "agent", row["identity"]) for row in stats["agents"]]

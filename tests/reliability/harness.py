@@ -33,6 +33,7 @@ CATEGORIES = {
     "test_mergekit_options": "mergekit options",
     "test_verify_cases": "verify",
     "test_flat_inputs": "mergekit-pytorch inputs",
+    "test_untrusted_folders": "untrusted folders",
 }
 ORDER = list(CATEGORIES.values())
 

@@ -1,13 +1,14 @@
 """`mergekit-ram verify` given bad folders, and run on folders merged with mergekit's options.
 
-Decided behaviour: a folder verify cannot check is a usage error (exit 2) in one line naming what is
-wrong: no such folder, no `ram_stats.json` (another method's output, an unfinished merge), a
+Decided behaviour: a folder that is not one verify checks is a usage error (exit 2) in one line naming
+what is wrong: no such folder, no `ram_stats.json` (another method's output, an unfinished merge), a
 `ram_stats.json` another program wrote or a newer mergekit-ram, no `mergekit_config.yml` (merged
-without the card). A file that is there but cannot be read is a data error (exit 1) in one line
-naming it: a corrupt `ram_stats.json`, a `mergekit_config.yml` mergekit cannot read or whose
-parameters are invalid, a damaged published weight file; an input that is gone is named as such
-(exit 1, nothing recomputed). With `--json` a data error is also a JSON document (`result`
-"error"). Merges made with mergekit's options that change what is merged (`ram_stats.json`
+without the card). A file that is there but cannot be read means verify cannot check the folder
+(exit 3), said in one line naming it: a corrupt `ram_stats.json`, a `mergekit_config.yml` mergekit
+cannot read or whose parameters are invalid, a damaged published weight file; an input that is gone
+is named as such (exit 3, "CANNOT CHECK", nothing recomputed). With `--json` it is also a JSON
+document (`result` "cannot check"). The untrusted folders (code, pickles, special files, links):
+tests/reliability/test_untrusted_folders.py. Merges made with mergekit's options that change what is merged (`ram_stats.json`
 records them) or how it is written (shards, `.bin`, clones, asynchronous writes) verify as
 bit-identical. In every case verify writes nothing into the folder or an input.
 """
@@ -34,11 +35,19 @@ def _verify(capsys, out, *flags) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def _one_line(err: str) -> str:
+def _one_line(err: str, prefix: str = "mergekit-ram verify: error: ") -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
-    assert lines[0].startswith("mergekit-ram verify: error: "), lines[0]
+    assert lines[0].startswith(prefix), lines[0]
     return lines[0]
+
+
+def _cannot_check(out: str, folder) -> str:
+    """The reason verify gives for "cannot check" (exit 3): the line after its headline, no traceback."""
+    lines = out.splitlines()
+    assert lines[0] == f"{folder}: CANNOT CHECK (1 reason):", out
+    assert "Traceback" not in out
+    return lines[1]
 
 
 @pytest.fixture
@@ -80,16 +89,16 @@ def test_another_methods_folder(rel, qwen_bf16, run_yaml, capsys, tmp_path):
     [
         ('{"format": "someone-else", "method": "ramplus"}', "was not written by mergekit-ram"),
         ("[1, 2, 3]", "was not written by mergekit-ram"),
-        ("RAMSTATS", "is unreadable"),
+        ("RAMSTATS", "is not valid JSON"),
     ],
     ids=["foreign-format", "not-an-object", "not-json"],
 )
 def test_ram_stats_json_of_another_program_or_not_json(rel, merged_ab, qwen_bf16, capsys, content, named):
     (merged_ab / "ram_stats.json").write_text(content, encoding="utf-8")
     rel.watch(merged_ab, *qwen_bf16.paths.values())
-    code, _, err = _verify(capsys, merged_ab)
-    assert code == (1 if named == "is unreadable" else 2)
-    rel.names(_one_line(err), merged_ab / "ram_stats.json", named)
+    code, out, err = _verify(capsys, merged_ab)
+    assert code == (3 if named == "is not valid JSON" else 2)
+    rel.names(_cannot_check(out, merged_ab) if code == 3 else _one_line(err), merged_ab / "ram_stats.json", named)
 
 
 def test_corrupt_ram_stats_json_is_a_data_error_also_in_json(rel, merged_ab, qwen_bf16, capsys):
@@ -97,10 +106,10 @@ def test_corrupt_ram_stats_json_is_a_data_error_also_in_json(rel, merged_ab, qwe
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # truncated
     rel.watch(merged_ab, *qwen_bf16.paths.values())
     code, out, err = _verify(capsys, merged_ab, "--json")
-    assert code == 1
-    rel.names(_one_line(err), path, "is unreadable")
+    assert code == 3 and err == ""
+    rel.names(json.loads(out)["headline"], merged_ab, "CANNOT CHECK")
     found = json.loads(out)
-    assert found["result"] == "error" and found["merged"] is False and str(path) in found["error"]
+    assert found["result"] == "cannot check" and found["merged"] is False and str(path) in found["error"]
     assert found["problems"] == [found["error"]]
 
 
@@ -129,7 +138,7 @@ def test_a_merge_without_the_card_has_no_config_to_run(rel, qwen_bf16, run_yaml,
 @pytest.mark.parametrize(
     "content, named",
     [
-        ("merge_method: [unclosed\n", "is not a mergekit config mergekit can read"),
+        ("merge_method: [unclosed\n", "is not valid YAML (line 2, column 1)"),
         ("just: text\n", "is not a mergekit config mergekit can read"),
         (None, "r"),  # an invalid parameter: the config's checks name it
     ],
@@ -141,9 +150,9 @@ def test_a_config_that_cannot_be_run(rel, merged_ab, qwen_bf16, capsys, content,
         content = path.read_text(encoding="utf-8") + "parameters:\n  r: -1\n"
     path.write_text(content, encoding="utf-8")
     rel.watch(merged_ab, *qwen_bf16.paths.values())
-    code, _, err = _verify(capsys, merged_ab)
-    assert code == 1
-    rel.names(_one_line(err), path, named)
+    code, out, _ = _verify(capsys, merged_ab)
+    assert code == 3
+    rel.names(_cannot_check(out, merged_ab), path, named)
 
 
 def test_an_input_that_is_gone_is_named(rel, qwen_bf16, run_yaml, capsys, tmp_path):
@@ -152,8 +161,10 @@ def test_an_input_that_is_gone_is_named(rel, qwen_bf16, run_yaml, capsys, tmp_pa
     shutil.rmtree(agent)
     rel.watch(run.out, *qwen_bf16.paths.values())
     code, out, _ = _verify(capsys, run.out)
-    assert code == 1
-    rel.names(out, f"input {agent} (agent) cannot be read: no such folder", "nothing recomputed")
+    assert code == 3
+    line = rel.names(_cannot_check(out, run.out), f"input {agent} (agent) cannot be read: no such folder")
+    rel.names(line, "--input RECORDED=LOCAL")  # a downloader is told how to point at a local copy
+    assert "nothing recomputed" in out
 
 
 @pytest.mark.parametrize("damage", ["truncated", "header"])
@@ -163,9 +174,9 @@ def test_a_damaged_published_weight_file_is_named(rel, merged_ab, qwen_bf16, cap
     path.write_bytes(data[: len(data) - 100] if damage == "truncated" else b"\x10\x00\x00\x00\x00\x00\x00\x00{not json header}")
     rel.watch(merged_ab, *qwen_bf16.paths.values())
     forbid_count(monkeypatch)  # the folder's weights are checked before any input is read
-    code, _, err = _verify(capsys, merged_ab)
-    assert code == 1
-    rel.names(_one_line(err), f"the weights in {merged_ab} cannot be read: {path}: ")
+    code, out, _ = _verify(capsys, merged_ab)
+    assert code == 3
+    rel.names(_cannot_check(out, merged_ab), f"the weights in {merged_ab} cannot be read: {path}: ")
 
 
 # ---------------------------------------------------------------- no false alarm across mergekit's options
@@ -224,5 +235,5 @@ def test_merges_with_mergekit_options_verify(rel, qwen_bf16, capsys, tmp_path, o
         copy = Path(shutil.copytree(out, tmp_path / "without-the-option"))
         (copy / "ram_stats.json").write_text(json.dumps(data), encoding="utf-8")
         code, text, err = _verify(capsys, copy)
-        assert code == 1, text + err
-        rel.names(_one_line(err), "Tensor size mismatch for model.embed_tokens.weight")
+        assert code == 3, text + err
+        rel.names(_cannot_check(text, copy), "Tensor size mismatch for model.embed_tokens.weight")

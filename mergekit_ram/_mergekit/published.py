@@ -1,0 +1,174 @@
+"""`mergekit-ram verify`, last step: the files of the folder beside the weights, once the merge has run again.
+
+What a loader reads is checked, or named as unchecked: `ram_stats.json`'s statistics and the card's RAM+
+section against the recomputed report; `config.json` against the config mergekit writes for the planned
+merge (`_model_out_config`, as the planner holds it); the tokenizer, chat template and generation config files
+against the base's when mergekit copies them byte for byte; the weight files transformers loads when they
+are not those mergekit reads (a single file beside an index). The judging is `folder_checks`', on plain data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from mergekit_ram import compare, folder_checks, output_checks, report, versions
+
+#: files verify reads to plan and compare (checked on their own)
+RECORDS = (output_checks.STATS_FILE, compare.CONFIG_FILE)
+#: at most this many differing leaves of ram_stats.json are named
+SHOWN = 5
+
+
+def check(
+    folder: str,
+    recorded: dict,
+    recomputed: dict,
+    outcome: compare.Outcome,
+    *,
+    out_config: Any = None,
+    merge_config: Any = None,
+    donor: str | None = None,
+) -> None:
+    """The folder's files other than the weights (`recomputed`: the report of the merge run again, labelled as
+    recorded; `out_config`: the config mergekit writes, None for mergekit-pytorch, which writes none; `donor`:
+    the local folder mergekit copies the tokenizer from)."""
+    covered = set(RECORDS)
+    choices = folder_checks.loader_choices(folder)
+    outcome.checked.append("the planned parameters and rho against ram_stats.json")
+    outcome.checked.append(
+        f"{outcome.compared:,} tensors bit for bit (in what mergekit reads: {choices.get('mergekit')})"
+    )
+    for choice in choices.values():
+        covered |= {choice, *folder_checks.weight_files(folder, choice)}
+    found, seen = folder_checks.other_view_differences(folder, choices)
+    outcome.files += found
+    if seen and not found:
+        outcome.checked.append(f"{seen} (the same tensors)")
+    _statistics(folder, recorded, recomputed, outcome)
+    if out_config is not None:
+        covered.add("config.json")
+        _config(folder, out_config, merge_config, outcome)
+    covered |= _copied(folder, merge_config, donor, outcome)
+    if out_config is not None:
+        covered.add("README.md")
+        _card(folder, recorded, outcome)
+    rest = sorted(name for name in os.listdir(folder) if name not in covered)
+    if rest:
+        outcome.not_checked.append(
+            f"{', '.join(rest)} (no loader reads them as part of the merge, or no check covers them)"
+        )
+
+
+def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: compare.Outcome) -> None:
+    found = folder_checks.report_differences(recorded, json.loads(report.dumps(recomputed)))
+    was = (recorded.get("versions") or {}).get("mergekit-ram") if isinstance(recorded.get("versions"), dict) else None
+    now = versions.installed("mergekit-ram")
+    if was and was != now:  # another mergekit-ram writes other keys: only a value that differs is a difference
+        keys = [line for line in found if line.endswith((" lacks it", " the merge does not"))]
+        written = f"written by mergekit-ram {was}; {now} is installed"
+        outcome.notes += [f"ram_stats.json: {line} ({written})" for line in keys]
+        found = [line for line in found if line not in keys]
+    shown = [f"ram_stats.json: {line}" for line in found[:SHOWN]]
+    if len(found) > SHOWN:
+        shown.append(f"ram_stats.json: {len(found) - SHOWN} more value(s) differ from the recomputed ones")
+    outcome.files += shown
+    if not found:
+        outcome.checked.append("ram_stats.json's statistics (recomputed: counts, densities, rho, lambda, diagnostics)")
+
+
+def _card(folder: str, recorded: dict, outcome: compare.Outcome) -> None:
+    """The card's RAM+ section is the one a merge of this report writes."""
+    if not os.path.lexists(os.path.join(folder, "README.md")):
+        outcome.not_checked.append("the model card (no README.md)")
+        return
+    text = folder_checks.read_bytes(folder, "README.md").decode("utf-8", errors="replace")
+    try:
+        section = report.card_section(recorded)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        outcome.files.append("README.md: ram_stats.json cannot make its RAM+ section (its versions are damaged)")
+        return
+    if section.strip() in text:
+        outcome.checked.append("the card's RAM+ section")
+    elif "## RAM+ statistics" in text:
+        outcome.files.append("README.md: its RAM+ statistics section is not the one this merge writes")
+    else:
+        outcome.files.append("README.md: it has no RAM+ statistics section, which the merge writes")
+
+
+def _config(folder: str, out_config: Any, merge_config: Any, outcome: compare.Outcome) -> None:
+    """config.json against the config mergekit writes for this merge: as transformers reads both (a value at its
+    default and the value written out are the same), and key by key as written (a key transformers ignores is
+    still read by other tools)."""
+    import transformers
+
+    if not os.path.lexists(os.path.join(folder, "config.json")):
+        outcome.files.append("config.json: absent; the merge writes it")
+        return
+    raw = folder_checks.read_json(folder, "config.json", folder_checks.TEXT_LIMIT)
+    if not isinstance(raw, dict):
+        outcome.files.append("config.json: not a JSON object")
+        return
+    try:
+        found = _plain(type(out_config).from_dict(dict(raw)).to_dict())
+    except Exception as error:
+        name = type(out_config).__name__
+        outcome.files.append(f"config.json: transformers cannot read it as a {name} ({type(error).__name__})")
+        return
+    expected = _plain(out_config.to_dict())
+    unchecked = {"_name_or_path", "transformers_version"}
+    if merge_config is not None and (merge_config.tokenizer_source or merge_config.tokenizer):
+        unchecked.add("vocab_size")  # set from the tokenizer the merge builds
+        outcome.not_checked.append("config.json's vocab_size (set from the tokenizer the merge builds)")
+    for key in unchecked:
+        found.pop(key, None)
+        expected.pop(key, None)
+    differ = folder_checks.config_differences(found, expected)
+    written = folder_checks.config_differences(
+        {k: v for k, v in raw.items() if k not in unchecked}, expected, only=True
+    )
+    said = {line.split(" is ")[0] for line in differ}
+    written = [line for line in written if line.split(" is ")[0] not in said]
+    by, installed = raw.get("transformers_version"), transformers.__version__
+    if by == installed:
+        differ += written
+    else:  # another transformers writes other keys: not a difference of the folder
+        outcome.notes += [f"{line} (written by transformers {by}; {installed} is installed)" for line in written]
+    outcome.files += differ
+    if not differ:
+        outcome.checked.append("config.json (as mergekit writes it for this merge)")
+
+
+def _plain(value: dict) -> dict:
+    """A config's dict as JSON holds it (a dtype as its name)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _copied(folder: str, merge_config: Any, donor: str | None, outcome: compare.Outcome) -> set[str]:
+    """Tokenizer, chat template and generation config files: against the base's when mergekit copies them byte
+    for byte (`_copy_tokenizer`), else named as unchecked. Returns the files checked."""
+    present = [name for name in folder_checks.COPIED if os.path.lexists(os.path.join(folder, name))]
+    if not present:
+        return set()
+    copies = (
+        donor is not None
+        and merge_config is not None
+        and not merge_config.chat_template
+        and not merge_config.tokenizer_source
+        and not merge_config.tokenizer
+        and os.path.isfile(os.path.join(donor, "tokenizer_config.json"))
+        and any(os.path.isfile(os.path.join(donor, n)) for n in ("tokenizer.json", "tokenizer.model"))
+    )
+    if not copies:
+        outcome.not_checked.append(f"{', '.join(present)} (the merge does not copy them from an input byte for byte)")
+        return set(present)
+    assert donor is not None
+    same, differ = folder_checks.copied_files(folder, donor)
+    outcome.files += [f"{name}: not the base's ({donor}), which the merge copies" for name in differ]
+    if same:
+        outcome.checked.append(f"{', '.join(same)} (copies of the base's)")
+    rest = [name for name in present if name not in same and name not in differ]
+    if rest:
+        outcome.not_checked.append(f"{', '.join(rest)} (the base has none: not written by the merge)")
+    return set(present)

@@ -1,0 +1,319 @@
+"""The files of a folder `mergekit-ram verify` is given, read as a stranger's: on plain data, knowing nothing
+of mergekit.
+
+A published folder is untrusted. Its files are read only when they are regular files inside the folder (a
+link may point into the folder, or into a Hugging Face cache's `blobs` beside a snapshot); a FIFO, a device,
+a socket or a link leading elsewhere is refused by name without being opened, and no byte of a refused or
+unreadable file is echoed. JSON and YAML are read with a bounded size and nesting. What the loaders would
+read is named here: mergekit's choice of weight files and transformers' (`loader_choices`), which differ
+when a single file lies beside an index. The published statistics, `config.json` and copied files are
+compared with what the merge makes (`report_differences`, `config_differences`, `copied_files`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Mapping
+from typing import Any
+
+#: what verify reads of a metadata file at most (ram_stats.json of a large model is a few MB)
+JSON_LIMIT = 256 << 20
+TEXT_LIMIT = 16 << 20
+#: nesting verify reads in JSON or YAML (what mergekit-ram writes is 6 deep)
+DEPTH = 64
+#: the weight files each loader looks for, in its order: (mergekit's from_disk, transformers' from_pretrained)
+SINGLE = ("model.safetensors", "pytorch_model.bin")
+#: files mergekit's `_copy_tokenizer` copies from the base (or the first model) byte for byte
+COPIED = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer.model",
+    "added_tokens.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "generation_config.json",
+    "chat_template.json",
+    "video_preprocessor_config.json",
+)
+
+
+class Unreadable(ValueError):
+    """A file verify needs cannot be read or is refused (damaged, special, a link out of the folder, too large or
+    too deep), or an input cannot be checked: verify cannot check the folder (exit 3)."""
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))  # fmt: skip
+    for test, name in kinds:
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _homes(folder: str) -> list[str]:
+    """Where a link in `folder` may lead: the folder, and a hub cache's blobs beside a snapshot."""
+    real = os.path.realpath(folder)
+    homes = [real]
+    if os.path.basename(os.path.dirname(folder)) == "snapshots":
+        homes.append(os.path.realpath(os.path.join(folder, "..", "..", "blobs")))
+    return homes
+
+
+def checked_path(folder: str, name: str) -> str:
+    """`folder/name`, if it is a regular file inside the folder (a link into it, or into a hub cache's blobs);
+    Unreadable naming it otherwise, without opening it. FileNotFoundError when there is none."""
+    path = os.path.join(folder, name)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        target = os.path.realpath(path)
+        if not any(os.path.commonpath([home, target]) == home for home in _homes(folder)):
+            raise Unreadable(f"{path} is a link out of {folder}: not read")
+        st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise Unreadable(f"{path} is {_kind(st.st_mode)}: not read")
+    return path
+
+
+def check_entries(folder: str) -> None:
+    """Every file directly in `folder` is one `checked_path` accepts (subfolders are not read)."""
+    for name in sorted(os.listdir(folder)):
+        full = os.path.join(folder, name)
+        if os.path.isdir(full) and not os.path.islink(full):
+            continue
+        if name.startswith(".") and name.endswith(".tmp"):
+            continue  # a write in flight (ours, or mergekit's)
+        checked_path(folder, name)
+
+
+def read_bytes(folder: str, name: str, limit: int = TEXT_LIMIT) -> bytes:
+    """The bytes of `folder/name` (`checked_path`), at most `limit`: Unreadable naming the file beyond that."""
+    path = checked_path(folder, name)
+    try:
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # changed since it was checked
+                raise Unreadable(f"{path} is not a regular file: not read")
+            data = f.read(limit + 1)
+    except OSError as error:
+        raise Unreadable(f"{path} cannot be read ({error.strerror or type(error).__name__})") from error
+    if len(data) > limit:
+        raise Unreadable(f"{path} is larger than {limit >> 20} MiB: not read")
+    return data
+
+
+def read_json(folder: str, name: str, limit: int = JSON_LIMIT) -> Any:
+    """`folder/name` parsed as JSON, bounded in size and nesting; Unreadable naming the file (never its bytes)."""
+    path = os.path.join(folder, name)
+    data = read_bytes(folder, name, limit)
+    _check_depth(path, data, b"[{", b"]}")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        where = f" (line {error.lineno}, column {error.colno})" if isinstance(error, json.JSONDecodeError) else ""
+        raise Unreadable(f"{path} is not valid JSON{where}: is the folder damaged?") from error
+
+
+def read_yaml(folder: str, name: str, limit: int = TEXT_LIMIT) -> Any:
+    """`folder/name` parsed as YAML (safe_load), bounded in size and nesting; Unreadable naming the file and
+    where YAML stopped (never its bytes)."""
+    import yaml
+
+    path = os.path.join(folder, name)
+    data = read_bytes(folder, name, limit)
+    _check_depth(path, data, b"[{", b"]}")
+    try:
+        return yaml.safe_load(data.decode("utf-8"))
+    except (UnicodeDecodeError, RecursionError) as error:
+        raise Unreadable(f"{path} is not YAML verify can read ({type(error).__name__})") from error
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise Unreadable(f"{path} is not valid YAML{where}") from error
+
+
+def _check_depth(path: str, data: bytes, opening: bytes, closing: bytes) -> None:
+    """Unreadable when brackets nest deeper than DEPTH (counted on the bytes: strings may hold brackets too, which
+    only ever over-counts a file no mergekit-ram writes)."""
+    depth = deepest = 0
+    table = dict.fromkeys(opening, 1) | dict.fromkeys(closing, -1)
+    for byte in data.translate(None, bytes(set(range(256)) - set(opening) - set(closing))):
+        depth += table[byte]
+        deepest = max(deepest, depth)
+        if deepest > DEPTH:
+            raise Unreadable(f"{path} nests deeper than {DEPTH} levels: not read")
+
+
+# --------------------------------------------------------------------------- #
+# Which weight files the loaders read
+# --------------------------------------------------------------------------- #
+def loader_choices(folder: str) -> dict[str, str]:
+    """What each loader reads of `folder`: {"mergekit": file, "transformers": file}, each a single weight file
+    or an index (`ShardedTensorIndex.from_disk` prefers an index beside its single file; transformers'
+    `from_pretrained` prefers the single file, safetensors first). A loader that finds nothing is left out."""
+    found = {}
+    for single in SINGLE:
+        index = single + ".index.json"
+        if "mergekit" not in found and (_exists(folder, single) or _exists(folder, index)):
+            found["mergekit"] = index if _exists(folder, index) else single
+        if "transformers" not in found:
+            found["transformers"] = single if _exists(folder, single) else (index if _exists(folder, index) else "")
+            if not found["transformers"]:
+                del found["transformers"]
+    return found
+
+
+def _exists(folder: str, name: str) -> bool:
+    return os.path.lexists(os.path.join(folder, name))
+
+
+def weight_files(folder: str, choice: str) -> list[str]:
+    """The weight files `choice` (a single file or an index) names, relative to `folder`."""
+    if not choice.endswith(".index.json"):
+        return [choice]
+    index = read_json(folder, choice)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise Unreadable(f"{os.path.join(folder, choice)} has no weight_map of file names: is the folder damaged?")
+    for name in set(weight_map.values()):
+        if os.path.isabs(name) or os.path.normpath(name).startswith(".."):
+            raise Unreadable(f"{os.path.join(folder, choice)} names a weight file outside {folder}: not read")
+    return sorted(set(weight_map.values()))
+
+
+# --------------------------------------------------------------------------- #
+# What the folder publishes against what the merge makes
+# --------------------------------------------------------------------------- #
+#: ram_stats.json's keys verify does not compare with the recomputed report: the versions (a note), where the
+#: counts came from, the merge record (read to plan), the inputs' labels and identities (checked apart)
+NOT_RECOMPUTED = frozenset({"versions", "statistics", "merge", "identity"})
+
+
+def report_differences(recorded: Any, recomputed: Any, path: str = "") -> list[str]:
+    """Where ram_stats.json (`recorded`) says otherwise than the report of the merge run again: one
+    'path: ram_stats.json records X, recomputed Y' per differing leaf (keys in NOT_RECOMPUTED skipped)."""
+    if isinstance(recorded, dict) and isinstance(recomputed, dict):
+        found = []
+        for key in sorted(set(recorded) | set(recomputed), key=str):
+            if key in NOT_RECOMPUTED:
+                continue
+            where = f"{path}.{key}" if path else str(key)
+            if key not in recomputed:
+                found.append(f"{where}: ram_stats.json records it, the merge does not")
+            elif key not in recorded:
+                found.append(f"{where}: ram_stats.json lacks it")
+            else:
+                found += report_differences(recorded[key], recomputed[key], where)
+        return found
+    if isinstance(recorded, list) and isinstance(recomputed, list) and len(recorded) == len(recomputed):
+        return [d for i, (a, b) in enumerate(zip(recorded, recomputed, strict=True)) for d in
+                report_differences(a, b, f"{path}[{i}]")]  # fmt: skip
+    if recorded == recomputed and type(recorded) is type(recomputed):
+        return []
+    return [f"{path}: ram_stats.json records {_brief(recorded)}, recomputed {_brief(recomputed)}"]
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value, allow_nan=True)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def config_differences(published: Mapping[str, Any], expected: Mapping[str, Any], *, only: bool = False) -> list[str]:
+    """`config.json` as published against the config the merge writes, one line per differing key
+    (`only`: the published keys alone, as written: a key the merge does not write is named)."""
+    found = []
+    for key in sorted(set(published) if only else set(published) | set(expected)):
+        if key not in published:
+            found.append(f"config.json: {key} is absent, the merge writes {_brief(expected[key])}")
+        elif key not in expected:
+            found.append(f"config.json: {key} is {_brief(published[key])}, the merge writes none")
+        elif published[key] != expected[key]:
+            found.append(f"config.json: {key} is {_brief(published[key])}, the merge writes {_brief(expected[key])}")
+    return found
+
+
+def copied_files(folder: str, donor: str) -> tuple[list[str], list[str]]:
+    """The files of `COPIED` in `folder` that mergekit copies from `donor` (a local folder): (identical to the
+    donor's, differing from it). A file the donor lacks is in neither."""
+    same: list[str] = []
+    differ: list[str] = []
+    for name in COPIED:
+        if not _exists(folder, name) or not os.path.isfile(os.path.join(donor, name)):
+            continue
+        ours = read_bytes(folder, name, JSON_LIMIT)
+        with open(os.path.join(donor, name), "rb") as f:
+            theirs = f.read(JSON_LIMIT + 1)
+        (same if ours == theirs else differ).append(name)
+    return same, differ
+
+
+def tensor_files(folder: str, choice: str) -> dict[str, str]:
+    """tensor -> weight file, as a loader that reads `choice` (a single file or an index) sees `folder`."""
+    if choice.endswith(".index.json"):
+        weight_files(folder, choice)  # checks the map's file names
+        return dict(read_json(folder, choice)["weight_map"])
+    return dict.fromkeys(_load(folder, choice), choice)
+
+
+class _Weights:
+    """One weight file, each tensor read when asked: safetensors, or a pickle loaded weights-only (mapped)."""
+
+    def __init__(self, folder: str, name: str):
+        import torch
+        from safetensors import safe_open
+
+        path = checked_path(folder, name)
+        try:
+            if name.endswith(".safetensors"):
+                self._file: Any = safe_open(path, framework="pt")
+                self.names = set(self._file.keys())
+            else:
+                loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                self._file = dict(loaded.get("state_dict", loaded)) if isinstance(loaded, dict) else {}
+                self.names = set(self._file)
+        except Exception as error:
+            raise Unreadable(f"{path} cannot be read as weights ({type(error).__name__})") from error
+
+    def get(self, name: str) -> Any:
+        if name not in self.names:
+            return None
+        return self._file[name] if isinstance(self._file, dict) else self._file.get_tensor(name)
+
+
+def _load(folder: str, name: str) -> set[str]:
+    return _Weights(folder, name).names
+
+
+def other_view_differences(folder: str, choices: Mapping[str, str]) -> tuple[list[str], str | None]:
+    """When transformers would load other weight files than mergekit reads (a single file beside an index), the
+    tensors transformers loads against those mergekit reads (which verify compared with the merge): (one line per
+    finding, what was checked)."""
+    from mergekit_ram.bitwise import compare
+
+    ours, theirs = choices.get("mergekit"), choices.get("transformers")
+    if not ours or not theirs or ours == theirs:
+        return [], None
+    seen, read = tensor_files(folder, ours), tensor_files(folder, theirs)
+    said = f"{theirs} (what transformers' from_pretrained loads; mergekit reads {ours})"
+    found = [f"{said} lacks {n}" for n in sorted(set(seen) - set(read))[:3]]
+    found += [f"{said} holds {n}, which mergekit does not read" for n in sorted(set(read) - set(seen))[:3]]
+    loaded: dict[str, _Weights] = {}
+    differing = []
+    for name in sorted(set(seen) & set(read)):
+        for file in (seen[name], read[name]):
+            if file not in loaded:
+                loaded[file] = _Weights(folder, file)
+        if not compare(name, loaded[seen[name]].get(name), loaded[read[name]].get(name)).identical:
+            differing.append(name)
+    if differing:
+        found.append(f"{said}: {len(differing)} tensor(s) differ from those mergekit reads, first {differing[0]}")
+    return found, f"{theirs}, which transformers loads instead of {ours}"
+
+
+def pickles(folder: str, choices: Mapping[str, str]) -> list[str]:
+    """The pickled weight files (not safetensors) a loader would read of `folder`."""
+    names = {n for choice in choices.values() for n in ([choice] if not choice.endswith(".json") else
+             weight_files(folder, choice))}  # fmt: skip
+    return sorted(os.path.join(folder, n) for n in names if not n.endswith(".safetensors"))
