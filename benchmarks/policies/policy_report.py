@@ -257,7 +257,7 @@ def chart(res: dict, path: Path) -> None:
     )
     ax = axes[0]
     image = ax.imshow(data, aspect="auto", cmap="viridis", vmin=0, vmax=100)
-    ax.set_xticks(range(len(tasks) + 1), [*tasks, "mean"], fontsize=8)
+    ax.set_xticks(range(len(tasks) + 1), [*tasks, "mean"], fontsize=8, rotation=25, ha="right")
     ax.set_yticks(range(len(rows)), [res["models"][r]["label"] for r in rows], fontsize=8)
     for i, row in enumerate(data):
         for j, v in enumerate(row):
@@ -284,6 +284,41 @@ def chart(res: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def density_chart(res: dict, path: Path) -> None:
+    """Per agent and seed: the share of weights changed, float32 and bf16, split into unique / shared with 1 /
+    shared with >= 2 other agents (`mergekit-ram inspect`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars, labels = [], []
+    for seed, per_dtype in res["density"].items():
+        for task in res["tasks"]:
+            for dtype, d in per_dtype.items():
+                a = d["agents"].get(task)
+                if a:
+                    dens = 100 * a["density"]
+                    parts = [a["unique_share"], a["shared_with_1_share"], a["shared_with_2plus_share"]]
+                    bars.append([dens * p for p in parts])
+                    labels.append(f"seed {seed} {task} {'bf16' if dtype == 'bfloat16' else 'fp32'}")
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.26 * len(bars)), constrained_layout=True)
+    left = np.zeros(len(bars))
+    names = ["unique (λ applies)", "shared with 1 other", "shared with ≥ 2 others"]
+    for k, (name, color) in enumerate(zip(names, ["tab:red", "tab:orange", "tab:gray"], strict=True)):
+        vals = np.array([b[k] for b in bars])
+        ax.barh(range(len(bars)), vals, left=left, color=color, label=name)
+        left += vals
+    ax.set_yticks(range(len(bars)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("% of the actor's weights changed (|τ| > 1e-5), by how many agents changed them")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("Specialists' actors: density and overlap (mergekit-ram inspect)", fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write(res: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     runs = res.pop("_runs")
@@ -291,14 +326,11 @@ def write(res: dict, out: Path) -> None:
     (out / "results.md").write_text(markdown(res))
     try:
         chart(res, out / "chart.png")
+        density_chart(res, out / "density.png")
     except ImportError:
         print("matplotlib is not installed: no chart.png")
     for run in runs:
         seed = run["seed"]
-        for dtype, stats in run["stats"].items():
-            pic = Path(stats["_folder"]) / "density.png"
-            if pic.exists():
-                shutil.copyfile(pic, out / f"density-seed{seed}-{dtype}.png")
         for row, path in run["files"].items():
             folder = Path(path).parent
             stats = folder / "ram_stats.json"
