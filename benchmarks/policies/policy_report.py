@@ -335,7 +335,7 @@ def write(res: dict, out: Path) -> None:
             folder = Path(path).parent
             stats = folder / "ram_stats.json"
             if row not in ("base",) and stats.exists():
-                dest = out / "ram_stats" / f"seed{seed}" / f"{row.replace(' ', '_')}.json"
+                dest = out / "ram_stats" / f"seed{seed}" / f"{row.replace(' (bf16)', '_bf16')}.json"
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(stats, dest)
         if res["config_name"] == "full":  # the inputs of every merge: base and specialists' actors (about 90 KB each)
