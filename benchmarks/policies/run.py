@@ -355,7 +355,8 @@ def git_commit() -> str | None:
     try:
         git = ["git", "-C", str(HERE)]
         head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        paths = [str(HERE.parent.parent / "mergekit_ram"), str(HERE)]
+        # the code; not the published results, which a run rewrites
+        paths = [str(HERE.parent.parent / "mergekit_ram"), str(HERE), f":(exclude){HERE / 'results'}"]
         changed = subprocess.run(
             [*git, "status", "--porcelain", "--", *paths], capture_output=True, text=True, check=True
         )
