@@ -68,9 +68,15 @@ def _replaced(value: Any, pins: dict[Any, Any]) -> Any:
 
 
 def inputs_unchanged(
-    config: Any, recorded: dict, labels: dict[str, str], outcome: compare.Outcome, copies: Mapping[str, str]
+    config: Any,
+    recorded: dict,
+    labels: dict[str, str],
+    outcome: compare.Outcome,
+    copies: Mapping[str, str],
+    seen: dict[str, dict],
 ) -> bool:
-    """Resolve every input the config names and the report records (as mergekit does), and check its identity."""
+    """Resolve every input the config names and the report records (as mergekit does), and check its identity
+    (kept in `seen`, for the statistics pass: each identity read once)."""
     from mergekit.io.tasks import LoaderCache
 
     try:
@@ -78,7 +84,6 @@ def inputs_unchanged(
     except ValueError as error:
         raise compare.Unreadable(str(error)) from error
     models = {labels.get(str(m), str(m)): m for m in config.referenced_models()}
-    seen: dict[str, dict] = {}
     for label, role, identity in compare.recorded_inputs(recorded):
         model = models.get(label)
         if model is None:

@@ -8,8 +8,9 @@ and, for `run_merge`, mergekit's `mergekit_config.yml`):
 1. the inputs are resolved as mergekit resolves them (`resolved`: a hub id at the revision recorded for it,
    a local copy given with `--input`) and their identities (`report.public_identity`) checked against the
    recorded ones: a changed or missing input is named, and the folder cannot be checked;
-2. the config is planned as mergekit plans it, downhill like `inspect` (`planner.plan`, with the
-   recorded options that change what is merged), and what it plans is checked against `ram_stats.json`
+2. the config is planned as mergekit plans it, downhill like `inspect` (`planner.plan`, or for a
+   `mergekit-pytorch` record `surface.plan_flat_as_mergekit` + `flat.of_flat`, with the recorded options
+   that change what is merged), and what it plans is checked against `ram_stats.json`
    (`compare.plan_mismatches`): an edited parameter is named, and nothing is recomputed;
 3. the merge runs again through the pipeline of a merge (`pipeline.prepare`: rho from the statistics
    cache when it holds the counts, else counted in memory, and injected), on the executor `run_merge` would
@@ -26,12 +27,11 @@ Nothing is written: not into the folder or an input, not into the statistics cac
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 from mergekit_ram import cachedir, compare, config_checks, folder_checks, input_checks, report, versions
-from mergekit_ram._mergekit import loading, pipeline, published, rerun, resolved, surface, tasks
+from mergekit_ram._mergekit import flat, loading, pipeline, published, rerun, resolved, surface, tasks
 from mergekit_ram._mergekit.planner import plan
 from mergekit_ram._mergekit.rerun import InputError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
@@ -127,7 +127,8 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
     surface.forget_loaders([rerun.reference(folder), *config.referenced_models()])  # read as the files are now
     index = rerun.published_index(folder)
     LoaderCache().setup(options=options)
-    if not resolved.inputs_unchanged(config, recorded, labels, outcome, copies):
+    seen: dict[str, dict] = {}  # each input's identity, read once (here, then the statistics pass)
+    if not resolved.inputs_unchanged(config, recorded, labels, outcome, copies, seen):
         return
     current = MergeSession(config=config, mode="verify", fast_loading=True, record=compare.merge_record(recorded))
     with active(current):
@@ -138,10 +139,11 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
         try:
             input_checks.check_input_files(config)
             planner = plan(config, options)
-            outcome.parameters = compare.plan_mismatches(recorded, compare.relabel(_plan_report(planner), labels))
+            planned = compare.relabel(_plan_report(tasks.of_planner(planner)), labels)
+            outcome.parameters = compare.plan_mismatches(recorded, planned)
             if outcome.parameters:
                 return
-            pipeline.prepare(tasks.of_planner(planner), current)
+            pipeline.prepare(tasks.of_planner(planner), current, seen)
         except (OSError, ValueError) as error:
             raise InputError(str(error) or type(error).__name__) from error
         assert current.report is not None
@@ -180,13 +182,13 @@ def _read_config(folder: str) -> Any:
     raise compare.Unreadable(f"{path} is not a mergekit config mergekit can read: {message}")
 
 
-def _plan_report(planner: Any) -> dict:
-    """The report of what `planner` plans, before anything is counted (parameters, inputs, given rho, tied pairs)."""
-    found = tasks.planned(tasks.of_planner(planner), resolves_to_ours)
+def _plan_report(plan: tasks.Plan) -> dict:
+    """The report of what `plan` plans, before anything is counted (parameters, inputs, given rho, tied pairs)."""
+    found = tasks.planned(plan, resolves_to_ours)
     if not found:
         raise ValueError("the config plans no ramplus tensor")
     planned = [task for _, task in found]
-    tied = tasks.tied_copies(planner.out_model_config, planned)
+    tied = tasks.tied_copies(plan.out_model_config, planned)
     summaries = [tasks.summary(task) for task in planned if task.output_weight.name not in tied]
     return report.build(None, summaries, source="not computed", identities={}, tied=tied)
 
@@ -197,10 +199,11 @@ def _plan_report(planner: Any) -> dict:
 def _verify_flat(
     folder: str, recorded: dict, record: dict, options: Any, copies: dict[str, str], outcome: compare.Outcome
 ) -> None:
-    """A `mergekit-pytorch` folder: its config is the record's; its inputs are files, whose identities the
-    pipeline's report of the planned merge gives."""
+    """A `mergekit-pytorch` folder: its config is the record's, planned downhill as `inspect` plans it
+    (`surface.plan_flat_as_mergekit`); its inputs are files, their identities and the plan checked before
+    anything is counted."""
     from mergekit.io.tasks import SaveTensor
-    from mergekit.scripts.merge_raw_pytorch import RawPyTorchMergeConfig, plan_flat_merge
+    from mergekit.scripts.merge_raw_pytorch import RawPyTorchMergeConfig
 
     stats = os.path.join(folder, "ram_stats.json")
     try:
@@ -213,42 +216,48 @@ def _verify_flat(
     # read as the files are now (mergekit-pytorch has its own loaders)
     surface.forget_loaders([rerun.reference(folder)])
     index = rerun.published_index(folder)
+    union, intersection = bool(record.get("tensor_union")), bool(record.get("tensor_intersection"))
     current = MergeSession(config=config, mode="verify", fast_loading=True, record=record)
-    # plan_flat_merge plans a writer for its out_path; it never runs here, and nothing is written there
-    nowhere = os.path.join(tempfile.gettempdir(), f"mergekit-ram-verify-{os.getpid()}-never-written")
+    seen: dict[str, dict] = {}  # each input's identity, read once (here, then the statistics pass)
     with active(current):
         try:
-            planned = plan_flat_merge(
-                config, nowhere, bool(record.get("tensor_union")), bool(record.get("tensor_intersection")), options
+            pipeline.check_config(current)
+            flat.check_inputs(config)
+            with flat.planning(options):  # planned into a writer that never runs: nothing is written
+                planned = surface.plan_flat_as_mergekit(config, union, intersection, options)
+            plan = flat.of_flat(planned, config, options, resolves_to_ours, intersection=intersection)
+            found = tasks.planned(plan, resolves_to_ours)
+            if not found:
+                raise InputError("planning the mergekit-pytorch merge computed no RAM+ statistics")
+            now = compare.relabel(pipeline.identities(found[0][1], seen, plan.identity), labels)
+            for label, role, identity in compare.recorded_inputs(recorded):
+                if label in now:
+                    check = compare.check_identity(label, role, identity, now[label], copy=copies.get(label))
+                    outcome.inputs.append(check)
+            if any(check.status != "same" and check.status != "not recorded" for check in outcome.inputs):
+                return
+            outcome.checked.append(f"the identities of {len(outcome.inputs)} input(s)")
+            outcome.parameters = compare.plan_mismatches(
+                recorded, compare.relabel(_plan_report(plan), labels), source="the recorded config"
             )
+            if outcome.parameters:
+                return
+            pipeline.prepare(plan, current, seen)
         except (OSError, ValueError) as error:
-            missing = [p for p in pipeline.flat_inputs(config) if not os.path.exists(p)]
+            missing = [p for p in flat.inputs(config) if not os.path.exists(p)]
             if missing:
                 outcome.cannot_check.append(f"input {labels.get(missing[0], missing[0])} cannot be read: no such "
                                             f"file{compare.missing_hint(copies)}")  # fmt: skip
                 return
             raise InputError(str(error) or type(error).__name__) from error
-        if current.report is None:
-            raise InputError("planning the mergekit-pytorch merge computed no RAM+ statistics")
-        found = compare.relabel(current.report, labels)
-        identities = {found["base_model"]["model"]: found["base_model"]["identity"]}
-        identities.update({row["model"]: row["identity"] for row in found["agents"]})
-        for label, role, identity in compare.recorded_inputs(recorded):
-            if label in identities:
-                check = compare.check_identity(label, role, identity, identities[label], copy=copies.get(label))
-                outcome.inputs.append(check)
-        if any(check.status != "same" and check.status != "not recorded" for check in outcome.inputs):
-            return
-        outcome.checked.append(f"the identities of {len(outcome.inputs)} input(s)")
-        outcome.parameters = compare.plan_mismatches(recorded, found, source="the recorded config")
-        if outcome.parameters:
-            return
+        assert current.report is not None
+        found_report = compare.relabel(current.report, labels)
         outcome.statistics = current.source
-        outcome.parameters = compare.rho_mismatches(recorded, found)
+        outcome.parameters = compare.rho_mismatches(recorded, found_report)
         targets = [
             rerun.compare_task(folder, save.tensor_name, save.tensor_task, save.optional, save.dtype)
-            for save in planned
+            for save in plan.tasks()
             if isinstance(save, SaveTensor)
         ]
         rerun.run(targets, index, folder, options, outcome)
-    published.check(folder, recorded, found, outcome)
+    published.check(folder, recorded, found_report, outcome)
