@@ -26,10 +26,6 @@ class _UsageError(Exception):
     """An error worth one line on stderr and exit code 2, not a traceback."""
 
 
-class _InputError(Exception):
-    """An input model that cannot be read or counted: one line on stderr and exit code 1."""
-
-
 class _NotIdentical(Exception):
     """`verify` found the folder not identical (exit code 1) or could not check it (3) and said so."""
 
@@ -147,12 +143,7 @@ def _inspect(
             params.check(name, value, label=f"--{name}")
     options.apply_global_options()
     merge_config = inspection.config_of(yaml.safe_load(config.read_text(encoding="utf-8")))  # or mergekit-pytorch's
-    try:
-        done = inspection.inspect(
-            merge_config, options, tensor_union=tensor_union, tensor_intersection=tensor_intersection
-        )
-    except inspection.InputError as error:
-        raise _InputError(str(error)) from error
+    done = inspection.inspect(merge_config, options, tensor_union=tensor_union, tensor_intersection=tensor_intersection)
     assert done.report is not None and done.stats is not None
     found = report.relabel(done.report, r=r, alpha=alpha, lambda_rule=lambda_rule)  # lambda for the flags'
     chosen, stats = found["parameters"], done.stats
@@ -245,9 +236,9 @@ def _verify(
     options.apply_global_options()
     try:
         outcome = verification.verify(str(out_dir), options, trust_remote_code=trust, inputs=copies)
-    except compare.NotVerifiable as error:
+    except errors.NotVerifiable as error:
         raise _UsageError(str(error)) from error
-    except (compare.Unreadable, verification.InputError) as error:
+    except (errors.Unreadable, errors.InputError) as error:
         message = " ".join(str(error).split())
         outcome = compare.Outcome(folder=str(out_dir.expanduser().absolute()), error=message)
         if as_json:
@@ -322,14 +313,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Abort:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
-    except (_InputError, _UsageError, OSError, ValueError) as error:
+    except (_UsageError, OSError, ValueError) as error:
         if errors.wants_traceback():  # -v or MERGEKIT_RAM_TRACEBACK=1
             import traceback
 
             traceback.print_exc()
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"{PROG} {command}: error: {message}", file=sys.stderr)
-        return 1 if isinstance(error, _InputError) else 2
+        return 1 if isinstance(error, errors.InputError) else 2  # an input model that cannot be read or counted
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

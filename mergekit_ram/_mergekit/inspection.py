@@ -22,14 +22,9 @@ from mergekit_ram._mergekit import loading, pipeline, surface, tasks
 from mergekit_ram._mergekit.flat import check_inputs, of_flat, planning
 from mergekit_ram._mergekit.flat import record as flat_record
 from mergekit_ram._mergekit.planner import plan
-from mergekit_ram.errors import RamError
+from mergekit_ram.errors import InputError, RamError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
 from mergekit_ram.session import MergeSession, active
-
-
-class InputError(RamError):
-    """The input models cannot be counted: a file, a tensor (NaN, shape, dtype), not the command or the config."""
-
 
 #: what a model file of `mergekit-pytorch` is called
 FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")

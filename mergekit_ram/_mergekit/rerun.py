@@ -14,10 +14,7 @@ from typing import Any
 from mergekit.graph import Task
 
 from mergekit_ram import compare
-
-
-class InputError(ValueError):
-    """Something verify must read cannot be read (an input file, the folder's config): a data error."""
+from mergekit_ram.errors import InputError
 
 
 class PublishedTensor(Task[Any]):

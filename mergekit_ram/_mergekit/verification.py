@@ -33,7 +33,7 @@ from typing import Any
 from mergekit_ram import cachedir, compare, config_checks, folder_checks, input_checks, report, versions
 from mergekit_ram._mergekit import flat, loading, pipeline, published, rerun, resolved, surface, tasks
 from mergekit_ram._mergekit.planner import plan
-from mergekit_ram._mergekit.rerun import InputError
+from mergekit_ram.errors import InputError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
 from mergekit_ram.session import MergeSession, active
 
