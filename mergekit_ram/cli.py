@@ -196,7 +196,7 @@ def _verify_command() -> click.Command:
         ),
     )
     @click.argument("out_dir", metavar="OUT_DIR", type=click.Path(path_type=Path))
-    @click.option("--json", "as_json", is_flag=True, help="print the result as JSON (schema: mergekit_ram/compare.py)")
+    @click.option("--json", "as_json", is_flag=True, help="print the result as JSON (schema: mergekit_ram/verdict.py)")
     @click.option("--input", "inputs", multiple=True, metavar="RECORDED=LOCAL",
                   help="read the recorded input RECORDED from the local copy LOCAL (its identity is checked); "
                   "repeatable")  # fmt: skip
@@ -223,7 +223,7 @@ def _verify(
 ) -> None:
     from mergekit.options import MergeOptions
 
-    from mergekit_ram import compare
+    from mergekit_ram import verdict
     from mergekit_ram._mergekit import verification
 
     copies = {}
@@ -240,13 +240,13 @@ def _verify(
         raise _UsageError(str(error)) from error
     except (errors.Unreadable, errors.InputError) as error:
         message = " ".join(str(error).split())
-        outcome = compare.Outcome(folder=str(out_dir.expanduser().absolute()), error=message)
+        outcome = verdict.Outcome(folder=str(out_dir.expanduser().absolute()), error=message)
         if as_json:
-            print(compare.dumps(outcome), end="")
+            print(verdict.dumps(outcome), end="")
         print(f"{PROG} verify: cannot check: {message}", file=sys.stderr)
         raise _NotIdentical(outcome.exit_code) from error
     if as_json:
-        print(compare.dumps(outcome), end="")
+        print(verdict.dumps(outcome), end="")
     else:
         for note in outcome.notes:
             print(f"note: {note}", file=sys.stderr)
