@@ -182,6 +182,8 @@ def _inspect(
 # verify
 # --------------------------------------------------------------------------- #
 def _verify_command() -> click.Command:
+    from mergekit_ram.report import RECORDED_OPTIONS
+
     @click.command(
         "verify",
         help=(
@@ -200,29 +202,50 @@ def _verify_command() -> click.Command:
     @click.option("--input", "inputs", multiple=True, metavar="RECORDED=LOCAL",
                   help="read the recorded input RECORDED from the local copy LOCAL (its identity is checked); "
                   "repeatable")  # fmt: skip
-    @click.option("--trust-remote-code", is_flag=True,
+    @click.option("--trust-remote-code", "trust", is_flag=True,
                   help="let the inputs' own code run where the merge's record says it ran")  # fmt: skip
-    @click.option("--device", help="compute on this device (as mergekit-yaml's --device)")
-    @click.option("--cuda", is_flag=True, help="compute on the GPU")
-    @click.option("--low-cpu-memory", is_flag=True, help="keep intermediate values on the device")
-    @click.option("--read-to-gpu", is_flag=True, help="read the inputs straight to the device")
-    @click.option("--multi-gpu", is_flag=True, help="run on every GPU (mergekit's multi-GPU executor)")
-    @click.option("--num-threads", "-j", type=int, help="CPU threads")
-    @click.option("--transformers-cache", metavar="DIR", help="where hub inputs are downloaded")
-    @click.option("--lora-merge-cache", metavar="DIR", help="where LoRA inputs are merged into their models")
-    @click.option("--quiet", "-q", is_flag=True, help="no progress bars")
-    @click.option("-v", "verbosity", count=True, help="log more (repeat for more)")
-    def verify(out_dir: Path, as_json: bool, inputs: tuple[str, ...], trust_remote_code: bool, **flags: Any) -> None:
-        _verify(out_dir, as_json, flags, inputs=inputs, trust=trust_remote_code)
+    @click.option("-q", "short_quiet", is_flag=True, help="no progress bars (as --quiet)")
+    @_merge_options_but((*RECORDED_OPTIONS, *WRITING_OPTIONS))
+    def verify(
+        merge_options: Any, out_dir: Path, as_json: bool, inputs: tuple[str, ...], trust: bool, short_quiet: bool
+    ) -> None:
+        if short_quiet:
+            merge_options = merge_options.model_copy(update={"quiet": True})
+        _verify(out_dir, as_json, merge_options, inputs=inputs, trust=trust)
 
     return verify
 
 
-def _verify(
-    out_dir: Path, as_json: bool, flags: dict[str, Any], *, inputs: Sequence[str] = (), trust: bool = False
-) -> None:
-    from mergekit.options import MergeOptions
+#: mergekit's merge options of writing a folder (and seeding a method that draws random numbers), which `verify`
+#: never does; it does not take them, nor those its folder's record fixes (`report.RECORDED_OPTIONS`:
+#: `--trust-remote-code` is verify's own flag, the user's consent)
+WRITING_OPTIONS = (
+    "out_shard_size",
+    "copy_tokenizer",
+    "clone_tensors",
+    "write_model_card",
+    "safe_serialization",
+    "async_write",
+    "write_threads",
+    "random_seed",
+)
 
+
+def _merge_options_but(left_out: Sequence[str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """mergekit's own merge options (`add_merge_options`, as `inspect` takes them all) less `left_out`: the
+    command gets a `MergeOptions` (`merge_options`) in which those keep mergekit's defaults."""
+    from mergekit.options import add_merge_options
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        wrapped = add_merge_options(function)
+        params = wrapped.__click_params__  # click's list of the options declared so far
+        params[:] = [p for p in params if p.name not in left_out]
+        return wrapped
+
+    return decorate
+
+
+def _verify(out_dir: Path, as_json: bool, options: Any, *, inputs: Sequence[str] = (), trust: bool = False) -> None:
     from mergekit_ram import verdict
     from mergekit_ram._mergekit import verification
 
@@ -232,7 +255,6 @@ def _verify(
         if not sep or not recorded or not local:
             raise _UsageError(f"--input {pair}: expected RECORDED=LOCAL (a recorded input and its local copy)")
         copies[recorded] = local
-    options = MergeOptions(**{k: v for k, v in flags.items() if v not in (None, False)})
     options.apply_global_options()
     try:
         outcome = verification.verify(str(out_dir), options, trust_remote_code=trust, inputs=copies)
