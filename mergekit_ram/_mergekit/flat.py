@@ -32,6 +32,7 @@ from mergekit.graph import Task
 from mergekit_ram import cache, input_checks, report
 from mergekit_ram._mergekit.tasks import Plan, Row, header_entry, planned
 from mergekit_ram.errors import RamError
+from mergekit_ram.session import MergeSession
 
 LOG = logging.getLogger("mergekit_ram")
 
@@ -48,6 +49,21 @@ def record(config: Any, options: Any, tensor_union: bool, tensor_intersection: b
         tensor_union=bool(tensor_union),
         tensor_intersection=bool(tensor_intersection),
     )
+
+
+def merge_session(
+    config: Any,
+    options: Any,
+    tensor_union: bool,
+    tensor_intersection: bool,
+    *,
+    recorded: dict | None = None,
+    **settings: Any,
+) -> MergeSession:
+    """The `MergeSession` of the second door (`mergekit-pytorch`; `inspect` and `verify` of its configs), its
+    tensors loaded in linear time: its record is `record`'s, or the one `verify` read (`recorded`)."""
+    merged = record(config, options, tensor_union, tensor_intersection) if recorded is None else recorded
+    return MergeSession(config=config, fast_loading=True, record=merged, **settings)
 
 
 def inputs(config: Any) -> list[str]:

@@ -136,7 +136,7 @@ def _session_for(planner: Any) -> session.MergeSession:
     """The merge session `planner` belongs to; a new one for a planner driven directly (not from run_merge)."""
     current = session.current()
     if current is None or not current.owns(planner.config):
-        current = session.MergeSession(config=planner.config, record=report.merge_record("run_merge", planner.options))
+        current = pipeline.merge_session(planner.config, planner.options)
     return current
 
 

@@ -17,10 +17,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mergekit_ram import config_checks, input_checks, report
+from mergekit_ram import config_checks, input_checks
 from mergekit_ram._mergekit import loading, pipeline, surface, tasks
-from mergekit_ram._mergekit.flat import check_inputs, of_flat, planning
-from mergekit_ram._mergekit.flat import record as flat_record
+from mergekit_ram._mergekit.flat import check_inputs, merge_session, of_flat, planning
 from mergekit_ram._mergekit.planner import plan
 from mergekit_ram.errors import InputError, RamError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
@@ -77,10 +76,11 @@ def inspect(
     if not ours:
         config = config.model_copy(update={"merge_method": NAME})
     if flat:
-        record = flat_record(config, options, tensor_union, tensor_intersection)
-    else:
-        record = report.merge_record("run_merge", options)  # its --json is the ram_stats.json a merge would write
-    current = MergeSession(config=config, mode="inspect", check_parameters=ours, fast_loading=True, record=record)
+        current = merge_session(
+            config, options, tensor_union, tensor_intersection, mode="inspect", check_parameters=ours
+        )
+    else:  # its --json is the ram_stats.json a merge would write
+        current = pipeline.merge_session(config, options, mode="inspect", check_parameters=ours, fast_loading=True)
     loading.install()
     with active(current):
         pipeline.check_config(current)

@@ -32,6 +32,15 @@ from mergekit_ram.method import resolves_to_ours
 LOG = logging.getLogger("mergekit_ram")
 
 
+def merge_session(config: Any, options: Any, *, record: dict | None = None, **settings: Any) -> session.MergeSession:
+    """The `MergeSession` of the first door (`mergekit-yaml`, `mergekit-multi`, `run_merge`, a driven
+    `MergePlanner`; `inspect` and `verify` of its configs): its record is `run_merge`'s with `options` (what
+    `verify` merges with), or the one `verify` read (`record`); `settings`: the session's other fields."""
+    if record is None:
+        record = report.merge_record("run_merge", options)
+    return session.MergeSession(config=config, record=record, **settings)
+
+
 def check_config(current: session.MergeSession) -> None:
     """The config's base and parameters, once per session (an `inspect` of another method's config: its base)."""
     if not current.config_checked:
@@ -122,8 +131,7 @@ def merge(run_merge: Callable[..., Any], merge_config: Any, *args: Any, **kwargs
     out_path = args[0] if args else kwargs.get("out_path")
     options = args[1] if len(args) > 1 else kwargs.get("options")
     config_source = args[2] if len(args) > 2 else kwargs.get("config_source")
-    record = report.merge_record("run_merge", options)  # what `mergekit-ram verify` merges with
-    current = session.MergeSession(config=merge_config, in_run_merge=True, fast_loading=True, record=record)
+    current = merge_session(merge_config, options, in_run_merge=True, fast_loading=True)
     with session.active(current):
         config_checks.check_devices(options)
         check_inputs(merge_config, card=config_source is None and getattr(options, "write_model_card", False))
@@ -209,8 +217,7 @@ def plan_flat(
     output folder checked before any file is opened, planned by mergekit, counted (or from the cache), rho in
     every merge task, the table printed; `ram_stats.json` (and the removal of an earlier merge's stale weight
     files) a task after mergekit's `FinalizeModel`."""
-    record = flat.record(config, options, tensor_union, tensor_intersection)
-    current = session.MergeSession(config=config, fast_loading=True, record=record)
+    current = flat.merge_session(config, options, tensor_union, tensor_intersection)
     with session.active(current):
         check_config(current)
         config_checks.check_devices(options)

@@ -46,7 +46,7 @@ from mergekit_ram._mergekit import flat, loading, pipeline, published, rerun, re
 from mergekit_ram._mergekit.planner import plan
 from mergekit_ram.errors import InputError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
-from mergekit_ram.session import MergeSession, active
+from mergekit_ram.session import active
 
 
 def verify(
@@ -141,7 +141,9 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
     seen: dict[str, dict] = {}  # each input's identity, read once (here, then the statistics pass)
     if not resolved.inputs_unchanged(config, recorded, labels, outcome, copies, seen):
         return
-    current = MergeSession(config=config, mode="verify", fast_loading=True, record=record_checks.merge_record(recorded))
+    current = pipeline.merge_session(
+        config, options, record=record_checks.merge_record(recorded), mode="verify", fast_loading=True
+    )
     with active(current):
         try:
             pipeline.check_config(current)
@@ -228,7 +230,7 @@ def _verify_flat(
     surface.forget_loaders([rerun.reference(folder)])
     index = rerun.published_index(folder)
     union, intersection = bool(record.get("tensor_union")), bool(record.get("tensor_intersection"))
-    current = MergeSession(config=config, mode="verify", fast_loading=True, record=record)
+    current = flat.merge_session(config, options, union, intersection, recorded=record, mode="verify")
     seen: dict[str, dict] = {}  # each input's identity, read once (here, then the statistics pass)
     with active(current):
         try:
