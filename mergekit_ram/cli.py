@@ -26,10 +26,6 @@ class _UsageError(Exception):
     """An error worth one line on stderr and exit code 2, not a traceback."""
 
 
-class _InputError(Exception):
-    """An input model that cannot be read or counted: one line on stderr and exit code 1."""
-
-
 class _NotIdentical(Exception):
     """`verify` found the folder not identical (exit code 1) or could not check it (3) and said so."""
 
@@ -147,12 +143,7 @@ def _inspect(
             params.check(name, value, label=f"--{name}")
     options.apply_global_options()
     merge_config = inspection.config_of(yaml.safe_load(config.read_text(encoding="utf-8")))  # or mergekit-pytorch's
-    try:
-        done = inspection.inspect(
-            merge_config, options, tensor_union=tensor_union, tensor_intersection=tensor_intersection
-        )
-    except inspection.InputError as error:
-        raise _InputError(str(error)) from error
+    done = inspection.inspect(merge_config, options, tensor_union=tensor_union, tensor_intersection=tensor_intersection)
     assert done.report is not None and done.stats is not None
     found = report.relabel(done.report, r=r, alpha=alpha, lambda_rule=lambda_rule)  # lambda for the flags'
     chosen, stats = found["parameters"], done.stats
@@ -191,6 +182,8 @@ def _inspect(
 # verify
 # --------------------------------------------------------------------------- #
 def _verify_command() -> click.Command:
+    from mergekit_ram.report import RECORDED_OPTIONS
+
     @click.command(
         "verify",
         help=(
@@ -205,34 +198,55 @@ def _verify_command() -> click.Command:
         ),
     )
     @click.argument("out_dir", metavar="OUT_DIR", type=click.Path(path_type=Path))
-    @click.option("--json", "as_json", is_flag=True, help="print the result as JSON (schema: mergekit_ram/compare.py)")
+    @click.option("--json", "as_json", is_flag=True, help="print the result as JSON (schema: mergekit_ram/verdict.py)")
     @click.option("--input", "inputs", multiple=True, metavar="RECORDED=LOCAL",
                   help="read the recorded input RECORDED from the local copy LOCAL (its identity is checked); "
                   "repeatable")  # fmt: skip
-    @click.option("--trust-remote-code", is_flag=True,
+    @click.option("--trust-remote-code", "trust", is_flag=True,
                   help="let the inputs' own code run where the merge's record says it ran")  # fmt: skip
-    @click.option("--device", help="compute on this device (as mergekit-yaml's --device)")
-    @click.option("--cuda", is_flag=True, help="compute on the GPU")
-    @click.option("--low-cpu-memory", is_flag=True, help="keep intermediate values on the device")
-    @click.option("--read-to-gpu", is_flag=True, help="read the inputs straight to the device")
-    @click.option("--multi-gpu", is_flag=True, help="run on every GPU (mergekit's multi-GPU executor)")
-    @click.option("--num-threads", "-j", type=int, help="CPU threads")
-    @click.option("--transformers-cache", metavar="DIR", help="where hub inputs are downloaded")
-    @click.option("--lora-merge-cache", metavar="DIR", help="where LoRA inputs are merged into their models")
-    @click.option("--quiet", "-q", is_flag=True, help="no progress bars")
-    @click.option("-v", "verbosity", count=True, help="log more (repeat for more)")
-    def verify(out_dir: Path, as_json: bool, inputs: tuple[str, ...], trust_remote_code: bool, **flags: Any) -> None:
-        _verify(out_dir, as_json, flags, inputs=inputs, trust=trust_remote_code)
+    @click.option("-q", "short_quiet", is_flag=True, help="no progress bars (as --quiet)")
+    @_merge_options_but((*RECORDED_OPTIONS, *WRITING_OPTIONS))
+    def verify(
+        merge_options: Any, out_dir: Path, as_json: bool, inputs: tuple[str, ...], trust: bool, short_quiet: bool
+    ) -> None:
+        if short_quiet:
+            merge_options = merge_options.model_copy(update={"quiet": True})
+        _verify(out_dir, as_json, merge_options, inputs=inputs, trust=trust)
 
     return verify
 
 
-def _verify(
-    out_dir: Path, as_json: bool, flags: dict[str, Any], *, inputs: Sequence[str] = (), trust: bool = False
-) -> None:
-    from mergekit.options import MergeOptions
+#: mergekit's merge options of writing a folder (and seeding a method that draws random numbers), which `verify`
+#: never does; it does not take them, nor those its folder's record fixes (`report.RECORDED_OPTIONS`:
+#: `--trust-remote-code` is verify's own flag, the user's consent)
+WRITING_OPTIONS = (
+    "out_shard_size",
+    "copy_tokenizer",
+    "clone_tensors",
+    "write_model_card",
+    "safe_serialization",
+    "async_write",
+    "write_threads",
+    "random_seed",
+)
 
-    from mergekit_ram import compare
+
+def _merge_options_but(left_out: Sequence[str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """mergekit's own merge options (`add_merge_options`, as `inspect` takes them all) less `left_out`: the
+    command gets a `MergeOptions` (`merge_options`) in which those keep mergekit's defaults."""
+    from mergekit.options import add_merge_options
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        wrapped = add_merge_options(function)
+        params = wrapped.__click_params__  # click's list of the options declared so far
+        params[:] = [p for p in params if p.name not in left_out]
+        return wrapped
+
+    return decorate
+
+
+def _verify(out_dir: Path, as_json: bool, options: Any, *, inputs: Sequence[str] = (), trust: bool = False) -> None:
+    from mergekit_ram import verdict
     from mergekit_ram._mergekit import verification
 
     copies = {}
@@ -241,21 +255,20 @@ def _verify(
         if not sep or not recorded or not local:
             raise _UsageError(f"--input {pair}: expected RECORDED=LOCAL (a recorded input and its local copy)")
         copies[recorded] = local
-    options = MergeOptions(**{k: v for k, v in flags.items() if v not in (None, False)})
     options.apply_global_options()
     try:
         outcome = verification.verify(str(out_dir), options, trust_remote_code=trust, inputs=copies)
-    except compare.NotVerifiable as error:
+    except errors.NotVerifiable as error:
         raise _UsageError(str(error)) from error
-    except (compare.Unreadable, verification.InputError) as error:
+    except (errors.Unreadable, errors.InputError) as error:
         message = " ".join(str(error).split())
-        outcome = compare.Outcome(folder=str(out_dir.expanduser().absolute()), error=message)
+        outcome = verdict.Outcome(folder=str(out_dir.expanduser().absolute()), error=message)
         if as_json:
-            print(compare.dumps(outcome), end="")
+            print(verdict.dumps(outcome), end="")
         print(f"{PROG} verify: cannot check: {message}", file=sys.stderr)
         raise _NotIdentical(outcome.exit_code) from error
     if as_json:
-        print(compare.dumps(outcome), end="")
+        print(verdict.dumps(outcome), end="")
     else:
         for note in outcome.notes:
             print(f"note: {note}", file=sys.stderr)
@@ -322,14 +335,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Abort:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
-    except (_InputError, _UsageError, OSError, ValueError) as error:
+    except (_UsageError, OSError, ValueError) as error:
         if errors.wants_traceback():  # -v or MERGEKIT_RAM_TRACEBACK=1
             import traceback
 
             traceback.print_exc()
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"{PROG} {command}: error: {message}", file=sys.stderr)
-        return 1 if isinstance(error, _InputError) else 2
+        return 1 if isinstance(error, errors.InputError) else 2  # an input model that cannot be read or counted
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

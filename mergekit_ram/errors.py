@@ -10,6 +10,10 @@ verbose logging, the root logger at INFO or below), shows the traceback as befor
 exception is left to the hook that was there. A script calling `run_merge` gets the same line
 when it does not catch the error; Python code catches `RamError` (or `ValueError`).
 
+Every error class of the package is defined here (`RamError` and its kinds; the few that are no
+one-line refusal: `NotVerifiable`, `Unreadable`, `UnsafeLocation`, `IncompatibleMergekit`); the modules
+that raise them import them from here.
+
 No torch, no mergekit: `inspect`'s command line and the reliability suite's harness use
 `one_line` too.
 """
@@ -34,6 +38,40 @@ class RamError(ValueError):
 
 class WriteError(RamError, OSError):
     """A file of ours that could not be written (a full disk, no permission): an `OSError` too, naming the file."""
+
+
+class InputError(RamError):
+    """The input models cannot be counted or read (a file, a tensor: NaN, shape, dtype; what `verify` must
+    read: an input, the folder's config), not the command or the config: `inspect` and `verify` exit 1 / 3."""
+
+
+class NonFiniteInputError(RamError):
+    """An input tensor holds NaN or Inf; merging it would spread NaN silently."""
+
+
+class RhoUnavailable(RamError, RuntimeError):
+    """r > 0 without rho for an agent and no statistics pass to count it (mergekit's per-tensor API, or a
+    mergekit whose insides changed): the message says what to give instead."""
+
+
+# --------------------------------------------------------------------------- #
+# Not one-line refusals of an input: the command that meets one decides
+# --------------------------------------------------------------------------- #
+class NotVerifiable(ValueError):
+    """The folder is not one verify can check (no such folder, no ram_stats.json, another method's): a usage error."""
+
+
+class Unreadable(ValueError):
+    """A file verify needs cannot be read or is refused (damaged, special, a link out of the folder, too large or
+    too deep), or an input cannot be checked: verify cannot check the folder (exit 3)."""
+
+
+class UnsafeLocation(RuntimeError):
+    """The kernel's folder or file could be written by someone else: loading it could run their code."""
+
+
+class IncompatibleMergekit(RuntimeError):
+    """mergekit's private surface is not what this release was built for."""
 
 
 def ours(error: BaseException | None) -> RamError | None:

@@ -18,6 +18,8 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
+from mergekit_ram.errors import Unreadable
+
 #: what verify reads of a metadata file at most (ram_stats.json of a large model is a few MB)
 JSON_LIMIT = 256 << 20
 TEXT_LIMIT = 16 << 20
@@ -38,11 +40,6 @@ COPIED = (
     "chat_template.json",
     "video_preprocessor_config.json",
 )
-
-
-class Unreadable(ValueError):
-    """A file verify needs cannot be read or is refused (damaged, special, a link out of the folder, too large or
-    too deep), or an input cannot be checked: verify cannot check the folder (exit 3)."""
 
 
 def _kind(mode: int) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from mergekit_ram import native
-from mergekit_ram.errors import RamError
+from mergekit_ram.errors import NonFiniteInputError as NonFiniteInputError
 
 # the scalar formulas (Eqs. 2, 6, RAM+s), offered here beside the tensor math
 from mergekit_ram.formulas import lambda_clip as lambda_clip
@@ -29,10 +29,6 @@ from mergekit_ram.formulas import rho as rho
 CHUNK_CPU = 1 << 18
 CHUNK_ACCELERATOR = 1 << 24
 _FLOAT32_MAX = torch.finfo(torch.float32).max
-
-
-class NonFiniteInputError(RamError):
-    """An input tensor holds NaN or Inf; merging it would spread NaN silently."""
 
 
 def active(delta: torch.Tensor, epsilon: float) -> torch.Tensor:

@@ -26,15 +26,10 @@ from mergekit.merge_methods import (
 from pydantic import AfterValidator
 
 from mergekit_ram import kernel, params, session, statistics, versions
-from mergekit_ram.errors import RamError
+from mergekit_ram.errors import RamError, RhoUnavailable
 from mergekit_ram.params import DEFAULTS
 
 NAME = "ramplus"
-
-
-class RhoUnavailable(RamError, RuntimeError):
-    """r > 0 without rho for an agent and no statistics pass to count it (mergekit's per-tensor API, or a
-    mergekit whose insides changed): the message says what to give instead."""
 
 
 def _valid(name: str):

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from mergekit_ram import cachedir
+from mergekit_ram.errors import UnsafeLocation
 
 LOG = logging.getLogger("mergekit_ram")
 
@@ -58,10 +59,6 @@ def supports(base: torch.Tensor, agents: Sequence[torch.Tensor], out_dtype: torc
     if out_dtype is not None and out_dtype not in _NAMES:
         return False
     return all(a.dtype == base.dtype and a.device == base.device for a in agents) and library() is not None
-
-
-class UnsafeLocation(RuntimeError):
-    """The kernel's folder or file could be written by someone else: loading it could run their code."""
 
 
 def library():

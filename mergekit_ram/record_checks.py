@@ -16,15 +16,11 @@ from typing import Any
 
 from mergekit_ram import files, folder_checks, input_checks, output_checks
 from mergekit_ram.bitwise import json_number, shown
-from mergekit_ram.folder_checks import Unreadable
+from mergekit_ram.errors import NotVerifiable, Unreadable
 
 #: ram_stats.json format versions verify can read (1 and 2 have no `merge` record: run_merge, default options)
 READABLE = (1, 2, 3)
 CONFIG_FILE = "mergekit_config.yml"
-
-
-class NotVerifiable(ValueError):
-    """The folder is not one verify can check (no such folder, no ram_stats.json, another method's): a usage error."""
 
 
 # --------------------------------------------------------------------------- #

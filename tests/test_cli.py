@@ -309,3 +309,25 @@ def test_quiet_inspect_of_a_flat_config_draws_no_bar(flat_mlp, tmp_path, capsys)
     assert "it/s" not in err and "Planning operations" not in err and "Preparing model loaders" not in err, err
     code, _, err = inspect(capsys, cfg)  # without -q, mergekit's bars are there: the test can see them
     assert code == 0 and "Planning operations" in err
+
+
+def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_ones(monkeypatch):
+    """verify's device flags are mergekit's own (`add_merge_options`, as inspect's), less the options its folder's
+    record fixes and those of writing a folder: `--gpu-rich`, which its errors name, is one of them."""
+    from mergekit.options import MergeOptions
+
+    from mergekit_ram import cli
+    from mergekit_ram.cli import WRITING_OPTIONS, _verify_command
+    from mergekit_ram.report import RECORDED_OPTIONS
+
+    command = _verify_command()
+    names = {p.name for p in command.params}
+    taken = set(MergeOptions.model_fields) - set(RECORDED_OPTIONS) - set(WRITING_OPTIONS)
+    assert taken <= names and not (set(MergeOptions.model_fields) - taken) & names
+    assert {"gpu_rich", "device", "cuda", "num_threads", "read_to_gpu", "multi_gpu", "low_cpu_memory"} <= taken
+    assert {"out_dir", "as_json", "inputs", "trust", "short_quiet"} <= names
+    seen = {}
+    monkeypatch.setattr(cli, "_verify", lambda out_dir, as_json, options, **kwargs: seen.update(options=options))
+    command.main(["/nowhere", "--gpu-rich", "-q", "-j", "3"], standalone_mode=False)
+    options = seen["options"]
+    assert options.gpu_rich and options.num_threads == 3 and options.quiet and not options.trust_remote_code

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from helpers import config_text, planner_of
-from mergekit_ram import config_checks
+from mergekit_ram import config_checks, errors
 from mergekit_ram._mergekit import inspection, pipeline, surface
 
 
@@ -82,7 +82,7 @@ def test_another_methods_config_is_planned_as_ramplus_without_judging_its_parame
 
 
 def test_what_the_inputs_hold_is_an_input_error(qwen_bf16):
-    with pytest.raises(inspection.InputError, match="model.layers.1.mlp.down_proj.weight") as info:
+    with pytest.raises(errors.InputError, match="model.layers.1.mlp.down_proj.weight") as info:
         inspection.inspect(_config(config_text(qwen_bf16, ["B", "NAN"])), _options())
     assert qwen_bf16.path("NAN") in str(info.value)
     from mergekit_ram.kernel import NonFiniteInputError
@@ -95,7 +95,7 @@ def test_a_missing_input_folder_file_is_an_input_error(qwen_bf16, tmp_path):
     empty = tmp_path / "no-config"
     empty.mkdir()
     text = config_text(qwen_bf16, "A").replace("models:\n", f"models:\n  - model: {empty}\n", 1)
-    with pytest.raises(inspection.InputError, match="has no config.json"):
+    with pytest.raises(errors.InputError, match="has no config.json"):
         inspection.inspect(_config(text), _options())
 
 
@@ -105,8 +105,8 @@ def test_what_the_config_asks_is_no_input_error(qwen_bf16):
     )
     with pytest.raises(ValueError, match="base_model") as info:
         inspection.inspect(_config(no_base), _options())
-    assert not isinstance(info.value, inspection.InputError)
+    assert not isinstance(info.value, errors.InputError)
     bad = config_text(qwen_bf16, "AB", parameters="r: -1")
     with pytest.raises(ValueError, match="'r'") as info:
         inspection.inspect(_config(bad), _options())
-    assert not isinstance(info.value, inspection.InputError)
+    assert not isinstance(info.value, errors.InputError)

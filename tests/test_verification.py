@@ -9,7 +9,7 @@
 * a `mergekit-multi` stage whose config names the earlier stage's folder verifies, and names that folder
   once it is gone;
 * rho comes from the statistics cache when it holds the counts (no tensor counted);
-* `--json` follows the schema of mergekit_ram/compare.py; the card's reproduce line names verify.
+* `--json` follows the schema of mergekit_ram/verdict.py; the card's reproduce line names verify.
 
 The bit comparison on plain tensors: tests/test_bitwise.py; the checks of the record on plain data:
 tests/test_record_checks.py; the outcome as text and JSON: tests/test_compare.py. Hub ids pinned to

@@ -11,7 +11,7 @@
   drop a stale `ram_stats.json` there, and queue the new one;
 - `mergekit.merge.generate_card`: append the "RAM+ statistics" section;
 - `mergekit.scripts.merge_raw_pytorch.plan_flat_merge` (`mergekit-pytorch`, whose `main` looks it up
-  in its module when it runs; `verify` calls it too): a `ramplus` config is planned as one
+  in its module when it runs): a `ramplus` config is planned as one
   `MergeSession` on the same pipeline (`pipeline.plan_flat`): input files and the output folder
   checked, statistics counted, rho in every task, `ram_stats.json` a task after the model;
 - `ramplus._execute` (mergekit's `GroupMergeMethod._execute`, on our method object only):
@@ -136,7 +136,7 @@ def _session_for(planner: Any) -> session.MergeSession:
     """The merge session `planner` belongs to; a new one for a planner driven directly (not from run_merge)."""
     current = session.current()
     if current is None or not current.owns(planner.config):
-        current = session.MergeSession(config=planner.config, record=report.merge_record("run_merge", planner.options))
+        current = pipeline.merge_session(planner.config, planner.options)
     return current
 
 

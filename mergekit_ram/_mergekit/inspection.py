@@ -17,18 +17,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mergekit_ram import config_checks, input_checks, report
+from mergekit_ram import config_checks, input_checks
 from mergekit_ram._mergekit import loading, pipeline, surface, tasks
-from mergekit_ram._mergekit.flat import of_flat, planning
+from mergekit_ram._mergekit.flat import check_inputs, merge_session, of_flat, planning
 from mergekit_ram._mergekit.planner import plan
-from mergekit_ram.errors import RamError
+from mergekit_ram.errors import InputError, RamError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
 from mergekit_ram.session import MergeSession, active
-
-
-class InputError(RamError):
-    """The input models cannot be counted: a file, a tensor (NaN, shape, dtype), not the command or the config."""
-
 
 #: what a model file of `mergekit-pytorch` is called
 FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
@@ -81,10 +76,11 @@ def inspect(
     if not ours:
         config = config.model_copy(update={"merge_method": NAME})
     if flat:
-        record = pipeline.flat_record(config, options, tensor_union, tensor_intersection)
-    else:
-        record = report.merge_record("run_merge", options)  # its --json is the ram_stats.json a merge would write
-    current = MergeSession(config=config, mode="inspect", check_parameters=ours, fast_loading=True, record=record)
+        current = merge_session(
+            config, options, tensor_union, tensor_intersection, mode="inspect", check_parameters=ours
+        )
+    else:  # its --json is the ram_stats.json a merge would write
+        current = pipeline.merge_session(config, options, mode="inspect", check_parameters=ours, fast_loading=True)
     loading.install()
     with active(current):
         pipeline.check_config(current)
@@ -115,7 +111,7 @@ def _count(current: MergeSession, options: Any) -> None:
 
 def _count_flat(current: MergeSession, options: Any, tensor_union: bool, tensor_intersection: bool) -> None:
     """Check the input files, plan with mergekit-pytorch's planner, count (`pipeline.prepare`)."""
-    pipeline.check_flat_inputs(current.config)
+    check_inputs(current.config)
     with planning(options):
         planned = surface.plan_flat_as_mergekit(current.config, tensor_union, tensor_intersection, options)
     plan = of_flat(planned, current.config, options, resolves_to_ours, intersection=tensor_intersection)

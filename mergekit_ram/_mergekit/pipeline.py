@@ -10,8 +10,9 @@ merging.
 
 Both of mergekit's doors take the one path: `prepare` works on a `tasks.Plan`, a
 `MergePlanner`'s (`mergekit-yaml`, `run_merge`) or the task list of `mergekit-pytorch`'s
-`plan_flat_merge` (`plan_flat`: single-file inputs checked, the output folder's policy,
-statistics, then `ram_stats.json` queued as a task after mergekit's `FinalizeModel`).
+`plan_flat_merge` (`plan_flat`: single-file inputs checked (`flat.check_inputs`), the output folder's policy,
+statistics, then `ram_stats.json` queued as a task after mergekit's `FinalizeModel`). `verify` and `inspect`
+plan downhill themselves and call `prepare`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ from mergekit_ram.method import resolves_to_ours
 LOG = logging.getLogger("mergekit_ram")
 
 
+def merge_session(config: Any, options: Any, *, record: dict | None = None, **settings: Any) -> session.MergeSession:
+    """The `MergeSession` of the first door (`mergekit-yaml`, `mergekit-multi`, `run_merge`, a driven
+    `MergePlanner`; `inspect` and `verify` of its configs): its record is `run_merge`'s with `options` (what
+    `verify` merges with), or the one `verify` read (`record`); `settings`: the session's other fields."""
+    if record is None:
+        record = report.merge_record("run_merge", options)
+    return session.MergeSession(config=config, record=record, **settings)
+
+
 def check_config(current: session.MergeSession) -> None:
     """The config's base and parameters, once per session (an `inspect` of another method's config: its base)."""
     if not current.config_checked:
@@ -45,8 +55,9 @@ def check_inputs(config: Any, *, card: bool) -> None:
     input_checks.check_input_files(config)
 
 
-def prepare(plan: tasks.Plan, current: session.MergeSession) -> None:
-    """Count (or load), reduce to rho per scope, inject into the planned tasks, keep the report in `current`."""
+def prepare(plan: tasks.Plan, current: session.MergeSession, seen: dict[str, dict] | None = None) -> None:
+    """Count (or load), reduce to rho per scope, inject into the planned tasks, keep the report in `current`.
+    `seen`: the inputs' identities already read (`verify` reads them first), read once."""
     found = tasks.planned(plan, resolves_to_ours)
     if not found:  # nothing to count (inspect says so when it finds no report)
         return
@@ -61,7 +72,7 @@ def prepare(plan: tasks.Plan, current: session.MergeSession) -> None:
     current.planned = [tasks.summary(task) for task in planned]
     needs = tasks.needing_rho(planned)
     merging = current.mode != "inspect"  # a merge, or verify running one again: rho injected
-    seen: dict[str, dict] = {}  # each input's identity, read once (cache key and report)
+    seen = {} if seen is None else seen  # each input's identity, read once (cache key and report)
     counts = counting.statistics_of(
         plan.options, planned, seen, compute=bool(needs) or not merging, identify=plan.identity
     )
@@ -74,7 +85,7 @@ def prepare(plan: tasks.Plan, current: session.MergeSession) -> None:
         current.stats,
         current.planned,
         source=current.source,
-        identities=_identities(planned[0], seen, plan.identity),
+        identities=identities(planned[0], seen, plan.identity),
         tied=tied,
         record=current.record,
     )
@@ -82,7 +93,7 @@ def prepare(plan: tasks.Plan, current: session.MergeSession) -> None:
         _tell(current, plan.options, quiet_table=not needs)
 
 
-def _identities(task: Any, seen: dict[str, dict], identify: counting.Identify) -> dict[str, dict]:
+def identities(task: Any, seen: dict[str, dict], identify: counting.Identify) -> dict[str, dict]:
     """model -> its public identity (`report.public_identity`); {} for an input that cannot be read."""
     out = {}
     for model in task.model_order:
@@ -120,8 +131,7 @@ def merge(run_merge: Callable[..., Any], merge_config: Any, *args: Any, **kwargs
     out_path = args[0] if args else kwargs.get("out_path")
     options = args[1] if len(args) > 1 else kwargs.get("options")
     config_source = args[2] if len(args) > 2 else kwargs.get("config_source")
-    record = report.merge_record("run_merge", options)  # what `mergekit-ram verify` merges with
-    current = session.MergeSession(config=merge_config, in_run_merge=True, fast_loading=True, record=record)
+    current = merge_session(merge_config, options, in_run_merge=True, fast_loading=True)
     with session.active(current):
         config_checks.check_devices(options)
         check_inputs(merge_config, card=config_source is None and getattr(options, "write_model_card", False))
@@ -195,34 +205,6 @@ def queue_statistics(
 # --------------------------------------------------------------------------- #
 # mergekit-pytorch: one plan_flat_merge of a ramplus config
 # --------------------------------------------------------------------------- #
-ENTRY_POINT_FLAT = "mergekit-pytorch"
-
-
-def flat_record(config: Any, options: Any, tensor_union: bool, tensor_intersection: bool) -> dict[str, Any]:
-    """ram_stats.json's `merge` record of a `mergekit-pytorch` merge: what `verify` plans again."""
-    return report.merge_record(
-        ENTRY_POINT_FLAT,
-        options,
-        config=config.model_dump(mode="json", exclude_none=False),
-        tensor_union=bool(tensor_union),
-        tensor_intersection=bool(tensor_intersection),
-    )
-
-
-def flat_inputs(config: Any) -> list[str]:
-    """The input files of a `mergekit-pytorch` config, as written, each once (the models', then the base)."""
-    paths = [m.model for m in config.models] + ([config.base_model] if config.base_model else [])
-    return list(dict.fromkeys(paths))
-
-
-def check_flat_inputs(config: Any) -> None:
-    """Each input file, before mergekit opens it: there, a file, an intact safetensors or a weights-only pickle
-    of tensors; then the integer buffers the files share, equal in each."""
-    for path in flat_inputs(config):
-        input_checks.check_input_file(path)
-    input_checks.check_integer_buffers(sorted(flat_inputs(config), key=lambda path: path != config.base_model))
-
-
 def plan_flat(
     plan_flat_merge: Callable[..., list[Any]],
     config: Any,
@@ -235,27 +217,21 @@ def plan_flat(
     output folder checked before any file is opened, planned by mergekit, counted (or from the cache), rho in
     every merge task, the table printed; `ram_stats.json` (and the removal of an earlier merge's stale weight
     files) a task after mergekit's `FinalizeModel`."""
-    current = session.current()
-    verifying = current is not None and current.owns(config) and current.mode == "verify"  # inject rho, write nothing
-    if current is None or not verifying:
-        record = flat_record(config, options, tensor_union, tensor_intersection)
-        current = session.MergeSession(config=config, fast_loading=True, record=record)
+    current = flat.merge_session(config, options, tensor_union, tensor_intersection)
     with session.active(current):
         check_config(current)
         config_checks.check_devices(options)
-        check_flat_inputs(config)
-        before: dict[str, tuple[int, int, int, int]] = {}
-        if not verifying:
-            output_checks.check_output_files(flat_inputs(config), out_path)
-            output_checks.remove_stale_statistics(out_path)
-            before = output_checks.weight_files(out_path)
+        flat.check_inputs(config)
+        output_checks.check_output_files(flat.inputs(config), out_path)
+        output_checks.remove_stale_statistics(out_path)
+        before = output_checks.weight_files(out_path)
         loading.install()  # linear-time tensor loading, while this session is current (the statistics pass)
         with flat.planning(options):
             planned_flat = plan_flat_merge(config, out_path, tensor_union, tensor_intersection, options)
         plan = flat.of_flat(planned_flat, config, options, resolves_to_ours, intersection=tensor_intersection)
         prepare(plan, current)
         planned = plan.tasks()
-        if current.report is not None and not verifying:
+        if current.report is not None:
             queue_statistics(current, planned, out_path, before)
     return planned
 

@@ -13,10 +13,10 @@ import json
 import os
 from typing import Any
 
-from mergekit_ram import compare, folder_checks, output_checks, report, versions
+from mergekit_ram import folder_checks, output_checks, record_checks, report, verdict, versions
 
 #: files verify reads to plan and compare (checked on their own)
-RECORDS = (output_checks.STATS_FILE, compare.CONFIG_FILE)
+RECORDS = (output_checks.STATS_FILE, record_checks.CONFIG_FILE)
 #: at most this many differing leaves of ram_stats.json are named
 SHOWN = 5
 
@@ -25,7 +25,7 @@ def check(
     folder: str,
     recorded: dict,
     recomputed: dict,
-    outcome: compare.Outcome,
+    outcome: verdict.Outcome,
     *,
     out_config: Any = None,
     merge_config: Any = None,
@@ -61,7 +61,7 @@ def check(
         )
 
 
-def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: compare.Outcome) -> None:
+def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: verdict.Outcome) -> None:
     found = folder_checks.report_differences(recorded, json.loads(report.dumps(recomputed)))
     was = (recorded.get("versions") or {}).get("mergekit-ram") if isinstance(recorded.get("versions"), dict) else None
     now = versions.installed("mergekit-ram")
@@ -78,7 +78,7 @@ def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: compare.
         outcome.checked.append("ram_stats.json's statistics (recomputed: counts, densities, rho, lambda, diagnostics)")
 
 
-def _card(folder: str, recorded: dict, outcome: compare.Outcome) -> None:
+def _card(folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
     """The card's RAM+ section is the one a merge of this report writes."""
     if not os.path.lexists(os.path.join(folder, "README.md")):
         outcome.not_checked.append("the model card (no README.md)")
@@ -97,7 +97,7 @@ def _card(folder: str, recorded: dict, outcome: compare.Outcome) -> None:
         outcome.files.append("README.md: it has no RAM+ statistics section, which the merge writes")
 
 
-def _config(folder: str, out_config: Any, merge_config: Any, outcome: compare.Outcome) -> None:
+def _config(folder: str, out_config: Any, merge_config: Any, outcome: verdict.Outcome) -> None:
     """config.json against the config mergekit writes for this merge: as transformers reads both (a value at its
     default and the value written out are the same), and key by key as written (a key transformers ignores is
     still read by other tools)."""
@@ -145,7 +145,7 @@ def _plain(value: dict) -> dict:
     return json.loads(json.dumps(value, default=str))
 
 
-def _copied(folder: str, merge_config: Any, donor: str | None, outcome: compare.Outcome) -> set[str]:
+def _copied(folder: str, merge_config: Any, donor: str | None, outcome: verdict.Outcome) -> set[str]:
     """Tokenizer, chat template and generation config files: against the base's when mergekit copies them byte
     for byte (`_copy_tokenizer`), else named as unchecked. Returns the files checked."""
     present = [name for name in folder_checks.COPIED if os.path.lexists(os.path.join(folder, name))]

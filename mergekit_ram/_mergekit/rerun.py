@@ -4,7 +4,7 @@ compared with the published one where mergekit would save it.
 `CompareTensor` stands where mergekit plans a `SaveTensor` (cast to its dtype) and compares the tensor with
 the published one, read from the folder by `PublishedTensor` through mergekit's loader, so the executor
 holds what a merge holds (less: no output shard is buffered); `run` then names the tensors the folder holds
-that the merge does not plan. The judging is `compare`'s, on plain data.
+that the merge does not plan. The judging is `bitwise`' and `verdict`'s, on plain data.
 """
 
 from __future__ import annotations
@@ -13,11 +13,8 @@ from typing import Any
 
 from mergekit.graph import Task
 
-from mergekit_ram import compare
-
-
-class InputError(ValueError):
-    """Something verify must read cannot be read (an input file, the folder's config): a data error."""
+from mergekit_ram import bitwise, record_checks, verdict
+from mergekit_ram.errors import InputError
 
 
 class PublishedTensor(Task[Any]):
@@ -62,18 +59,18 @@ class CompareTensor(Task[Any]):
     def priority(self) -> int:
         return 1000  # as SaveTensor
 
-    def execute(self, tensor: Any, published: Any, **_kwargs) -> compare.Difference | None:
+    def execute(self, tensor: Any, published: Any, **_kwargs) -> bitwise.Difference | None:
         from mergekit.common import dtype_from_name
 
         if isinstance(published, str):
-            return compare.Difference(self.name, "unreadable", detail=published)
+            return bitwise.Difference(self.name, "unreadable", detail=published)
         if tensor is None and not self.optional:
             raise RuntimeError(f"No value for required tensor {self.name}")  # as SaveTensor
         if tensor is not None and self.dtype:
             tensor = tensor.to(dtype=dtype_from_name(self.dtype))
         if tensor is None and published is None:
             return None  # an optional tensor no input holds: neither written nor published
-        return compare.compare(self.name, tensor, published)
+        return bitwise.compare(self.name, tensor, published)
 
 
 def compare_task(folder: str, name: str, task: Any, optional: bool, dtype: str | None) -> CompareTensor:
@@ -99,19 +96,19 @@ def published_index(folder: str) -> dict[str, str]:
     try:
         return dict(_published(folder).index.tensor_paths)
     except Exception as error:
-        why = compare.damaged_weight_file(folder) or " ".join(str(error).split())[:300]
+        why = record_checks.damaged_weight_file(folder) or " ".join(str(error).split())[:300]
         raise InputError(f"the weights in {folder} cannot be read: {why}") from error
 
 
 def run(
-    targets: list[CompareTensor], index: dict[str, str], folder: str, options: Any, outcome: compare.Outcome
+    targets: list[CompareTensor], index: dict[str, str], folder: str, options: Any, outcome: verdict.Outcome
 ) -> None:
     """Run the compare tasks on the executor `run_merge` would use; then name what the folder holds beyond them
     (`index`: the folder's tensors)."""
     planned = set()
     try:
         for _task, value in _executor(targets, options):
-            if isinstance(value, compare.Difference):
+            if isinstance(value, bitwise.Difference):
                 planned.add(value.name)
                 outcome.add(value)
     except (OSError, RuntimeError, ValueError, KeyError) as error:  # what stops a merge stops its recomputation
@@ -119,10 +116,10 @@ def run(
         raise InputError(f"recomputing the merge failed: {message}") from error
     planned |= {t.name for t in targets}
     for name in sorted(set(index) - planned):
-        outcome.add(compare.Difference(name, "extra", detail=f"in {index[name]}"))
-    for name, why in sorted(compare.stray_tensors(folder, index).items()):
+        outcome.add(bitwise.Difference(name, "extra", detail=f"in {index[name]}"))
+    for name, why in sorted(record_checks.stray_tensors(folder, index).items()):
         if name not in index:
-            outcome.add(compare.Difference(name, "extra", detail=why))
+            outcome.add(bitwise.Difference(name, "extra", detail=why))
     outcome.merged = True
 
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from mergekit_ram import compare, input_checks, report
+from mergekit_ram import errors, input_checks, record_checks, report, verdict
 from mergekit_ram._mergekit import counting
 
 
@@ -25,7 +25,7 @@ def pinned(config: Any, recorded: dict, copies: Mapping[str, str]) -> tuple[Any,
     """
     from mergekit.common import ModelPath
 
-    identities = {model: identity for model, _, identity in compare.recorded_inputs(recorded)}
+    identities = {model: identity for model, _, identity in record_checks.recorded_inputs(recorded)}
     pins = {}
     for model in config.referenced_models():
         if model.lora is not None:
@@ -68,32 +68,37 @@ def _replaced(value: Any, pins: dict[Any, Any]) -> Any:
 
 
 def inputs_unchanged(
-    config: Any, recorded: dict, labels: dict[str, str], outcome: compare.Outcome, copies: Mapping[str, str]
+    config: Any,
+    recorded: dict,
+    labels: dict[str, str],
+    outcome: verdict.Outcome,
+    copies: Mapping[str, str],
+    seen: dict[str, dict],
 ) -> bool:
-    """Resolve every input the config names and the report records (as mergekit does), and check its identity."""
+    """Resolve every input the config names and the report records (as mergekit does), and check its identity
+    (kept in `seen`, for the statistics pass: each identity read once)."""
     from mergekit.io.tasks import LoaderCache
 
     try:
         input_checks.check_input_files(config)  # before mergekit opens a file: no FIFO or device is read
     except ValueError as error:
-        raise compare.Unreadable(str(error)) from error
+        raise errors.Unreadable(str(error)) from error
     models = {labels.get(str(m), str(m)): m for m in config.referenced_models()}
-    seen: dict[str, dict] = {}
-    for label, role, identity in compare.recorded_inputs(recorded):
+    for label, role, identity in record_checks.recorded_inputs(recorded):
         model = models.get(label)
         if model is None:
             continue  # the config names other inputs: the plan check says so
         path = model.model.path
         try:
             if os.path.isabs(path) and not os.path.exists(path):
-                raise FileNotFoundError(f"no such folder: {path}{compare.missing_hint(copies)}")
+                raise FileNotFoundError(f"no such folder: {path}{record_checks.missing_hint(copies)}")
             LoaderCache().get(model)
             found = report.public_identity(counting.identity(model, seen))
         except Exception as error:
             detail = " ".join(str(error).split())[:300] or type(error).__name__
-            outcome.inputs.append(compare.InputCheck(label, role, "missing", identity, None, detail))
+            outcome.inputs.append(record_checks.InputCheck(label, role, "missing", identity, None, detail))
             continue
-        outcome.inputs.append(compare.check_identity(label, role, identity, found, copy=copies.get(label)))
+        outcome.inputs.append(record_checks.check_identity(label, role, identity, found, copy=copies.get(label)))
     checked = [check for check in outcome.inputs if check.status == "same"]
     if checked:
         outcome.checked.append(f"the identities of {len(checked)} input(s)")

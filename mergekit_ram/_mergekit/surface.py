@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mergekit_ram import versions
+from mergekit_ram.errors import IncompatibleMergekit as IncompatibleMergekit
 
 SUPPORTED = (0, 1, 5), (0, 2, 0)
 SUPPORTED_TEXT = ">=0.1.5,<0.2"
@@ -140,10 +141,6 @@ NAMES: tuple[Name, ...] = (
     Name("mergekit.options", "MergeOptions", PUBLIC),
     Name("mergekit.options", "add_merge_options", PUBLIC),
 )
-
-
-class IncompatibleMergekit(RuntimeError):
-    """mergekit's private surface is not what this release was built for."""
 
 
 def fingerprint(function: Any) -> str:

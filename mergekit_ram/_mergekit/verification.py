@@ -1,16 +1,17 @@
 """`mergekit-ram verify OUT_DIR`: a finished `ramplus` merge run again from its folder, compared instead of written.
 
 The folder may be a stranger's: its files are read as `folder_checks` allows (regular files inside it, JSON
-and YAML bounded), and its record is evidence, not an instruction (`compare.recorded_options`: no recorded
+and YAML bounded), and its record is evidence, not an instruction (`record_checks.recorded_options`: no recorded
 option that lets code run takes effect without the user's flag). From the folder alone (`ram_stats.json`
 and, for `run_merge`, mergekit's `mergekit_config.yml`):
 
 1. the inputs are resolved as mergekit resolves them (`resolved`: a hub id at the revision recorded for it,
    a local copy given with `--input`) and their identities (`report.public_identity`) checked against the
    recorded ones: a changed or missing input is named, and the folder cannot be checked;
-2. the config is planned as mergekit plans it, downhill like `inspect` (`planner.plan`, with the
-   recorded options that change what is merged), and what it plans is checked against `ram_stats.json`
-   (`compare.plan_mismatches`): an edited parameter is named, and nothing is recomputed;
+2. the config is planned as mergekit plans it, downhill like `inspect` (`planner.plan`, or for a
+   `mergekit-pytorch` record `surface.plan_flat_as_mergekit` + `flat.of_flat`, with the recorded options
+   that change what is merged), and what it plans is checked against `ram_stats.json`
+   (`record_checks.plan_mismatches`): an edited parameter is named, and nothing is recomputed;
 3. the merge runs again through the pipeline of a merge (`pipeline.prepare`: rho from the statistics
    cache when it holds the counts, else counted in memory, and injected), on the executor `run_merge` would
    use (`rerun`): where mergekit would save each tensor (`SaveTensor`, cast to its dtype), `CompareTensor`
@@ -20,55 +21,65 @@ and, for `run_merge`, mergekit's `mergekit_config.yml`):
 4. the files beside the weights are checked against what the merge makes (`published`).
 
 Nothing is written: not into the folder or an input, not into the statistics cache, no kernel is built
-(`cachedir.read_only`). The judging is `compare`'s, on plain data; this module plans, `rerun` runs.
+(`cachedir.read_only`). The judging is `record_checks`' and `verdict`'s, on plain data; this module plans,
+`rerun` runs.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from mergekit_ram import cachedir, compare, config_checks, folder_checks, input_checks, report, versions
-from mergekit_ram._mergekit import loading, pipeline, published, rerun, resolved, surface, tasks
+from mergekit_ram import (
+    cachedir,
+    config_checks,
+    errors,
+    folder_checks,
+    input_checks,
+    record_checks,
+    report,
+    verdict,
+    versions,
+)
+from mergekit_ram._mergekit import flat, loading, pipeline, published, rerun, resolved, surface, tasks
 from mergekit_ram._mergekit.planner import plan
-from mergekit_ram._mergekit.rerun import InputError
+from mergekit_ram.errors import InputError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
-from mergekit_ram.session import MergeSession, active
+from mergekit_ram.session import active
 
 
 def verify(
     folder: str, options: Any, *, trust_remote_code: bool = False, inputs: Mapping[str, str] | None = None
-) -> compare.Outcome:
+) -> verdict.Outcome:
     """Recompute the `ramplus` merge in `folder` and compare it tensor by tensor with what the folder holds.
 
     `trust_remote_code`: the user's own flag (a recorded one is evidence, never applied without it); `inputs`:
-    recorded input -> a local copy to read instead (`--input`). compare.NotVerifiable: a usage error (no
+    recorded input -> a local copy to read instead (`--input`). errors.NotVerifiable: a usage error (no
     such folder, no ram_stats.json, another method's folder, an `inputs` key the record lacks).
-    compare.Unreadable: ram_stats.json cannot be read. Otherwise the outcome: identical, differing (named),
+    errors.Unreadable: ram_stats.json cannot be read. Otherwise the outcome: identical, differing (named),
     or not checkable (why: an input missing or changed, a refused option or file, a file unreadable).
     """
     refuse_foreign(NAME)
     folder = os.path.abspath(folder)
-    outcome = compare.Outcome(folder=folder)
+    outcome = verdict.Outcome(folder=folder)
     try:
-        recorded = compare.read_report(folder)
-    except compare.Unreadable as error:
+        recorded = record_checks.read_report(folder)
+    except errors.Unreadable as error:
         outcome.error = " ".join(str(error).split())
         return outcome
-    record = compare.merge_record(recorded)
+    record = record_checks.merge_record(recorded)
     door = surface.FLAT if record.get("entry_point") == "mergekit-pytorch" else surface.MERGE
     problems = surface.problems(surface.PREPASS) + surface.problems(door) + surface.problems(surface.VERIFY)
     if problems:
-        raise compare.NotVerifiable("mergekit-ram cannot verify: " + "; ".join(problems))
-    copies = compare.local_copies(recorded, inputs or {})
+        raise errors.NotVerifiable("mergekit-ram cannot verify: " + "; ".join(problems))
+    copies = record_checks.local_copies(recorded, inputs or {})
     outcome.entry_point = record.get("entry_point")
-    outcome.notes += compare.version_notes(recorded, {n: versions.installed(n) for n in report.VERSIONED})
+    outcome.notes += record_checks.version_notes(recorded, {n: versions.installed(n) for n in report.VERSIONED})
     with cachedir.read_only():  # nothing written: no statistics cache entry, no kernel build
         try:
             _verify(folder, recorded, record, options, trust_remote_code, copies, outcome)
-        except (compare.Unreadable, InputError) as error:
+        except (errors.Unreadable, InputError) as error:
             outcome.error = " ".join(str(error).split()) or type(error).__name__
     return outcome
 
@@ -78,7 +89,7 @@ def _verify(
 ) -> None:
     folder_checks.check_entries(folder)  # no FIFO, device or link out of the folder is ever opened
     pickled = folder_checks.pickles(folder, folder_checks.loader_choices(folder))
-    if pickled and compare.forced_unsafe():
+    if pickled and record_checks.forced_unsafe():
         outcome.cannot_check.append(
             f"{pickled[0]} is a pickle and {input_checks.FORCE_UNSAFE} is set: mergekit's loader would unpickle it "
             "fully (torch.load without weights_only), which could run code; unset it to verify"
@@ -90,7 +101,7 @@ def _verify(
         except ValueError as error:
             outcome.cannot_check.append(str(error).replace("input file ", "", 1))
             return
-    options, notes, refused = compare.recorded_options(record, options, trust, report.RECORDED_OPTIONS)
+    options, notes, refused = record_checks.recorded_options(record, options, trust, report.RECORDED_OPTIONS)
     outcome.notes += notes
     if refused is not None:
         outcome.cannot_check.append(refused)
@@ -102,7 +113,7 @@ def _verify(
     elif record.get("entry_point") == "mergekit-pytorch":
         _verify_flat(folder, recorded, record, options, copies, outcome)
     else:
-        raise compare.NotVerifiable(
+        raise errors.NotVerifiable(
             f"{os.path.join(folder, 'ram_stats.json')} records entry point {record.get('entry_point')!r}, "
             "which this mergekit-ram cannot run again (upgrade mergekit-ram)"
         )
@@ -114,22 +125,25 @@ def _verify(
 def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[str, str], outcome: Any) -> None:
     from mergekit.io.tasks import LoaderCache
 
-    path = os.path.join(folder, compare.CONFIG_FILE)
+    path = os.path.join(folder, record_checks.CONFIG_FILE)
     if not os.path.lexists(path):
-        raise compare.NotVerifiable(
-            f"{folder} holds no {compare.CONFIG_FILE}, which says what was merged (mergekit writes it with the "
+        raise errors.NotVerifiable(
+            f"{folder} holds no {record_checks.CONFIG_FILE}, which says what was merged (mergekit writes it with the "
             "model card; was it merged with --no-write-model-card?)"
         )
     config = _read_config(folder)
     if not resolves_to_ours(config.merge_method):
-        raise compare.NotVerifiable(f"{path} merges with {config.merge_method!r}; verify checks ramplus merges")
+        raise errors.NotVerifiable(f"{path} merges with {config.merge_method!r}; verify checks ramplus merges")
     config, labels = resolved.pinned(config, recorded, copies)
     surface.forget_loaders([rerun.reference(folder), *config.referenced_models()])  # read as the files are now
     index = rerun.published_index(folder)
     LoaderCache().setup(options=options)
-    if not resolved.inputs_unchanged(config, recorded, labels, outcome, copies):
+    seen: dict[str, dict] = {}  # each input's identity, read once (here, then the statistics pass)
+    if not resolved.inputs_unchanged(config, recorded, labels, outcome, copies, seen):
         return
-    current = MergeSession(config=config, mode="verify", fast_loading=True, record=compare.merge_record(recorded))
+    current = pipeline.merge_session(
+        config, options, record=record_checks.merge_record(recorded), mode="verify", fast_loading=True
+    )
     with active(current):
         try:
             pipeline.check_config(current)
@@ -138,15 +152,16 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
         try:
             input_checks.check_input_files(config)
             planner = plan(config, options)
-            outcome.parameters = compare.plan_mismatches(recorded, compare.relabel(_plan_report(planner), labels))
+            planned = record_checks.relabel(_plan_report(tasks.of_planner(planner)), labels)
+            outcome.parameters = record_checks.plan_mismatches(recorded, planned)
             if outcome.parameters:
                 return
-            pipeline.prepare(tasks.of_planner(planner), current)
+            pipeline.prepare(tasks.of_planner(planner), current, seen)
         except (OSError, ValueError) as error:
             raise InputError(str(error) or type(error).__name__) from error
         assert current.report is not None
         outcome.statistics = current.source
-        outcome.parameters = compare.rho_mismatches(recorded, compare.relabel(current.report, labels))
+        outcome.parameters = record_checks.rho_mismatches(recorded, record_checks.relabel(current.report, labels))
         out_dtype = planner.config.out_dtype
         targets = [
             rerun.compare_task(folder, weight.name, task, weight.optional, weight.force_dtype or out_dtype)
@@ -157,7 +172,7 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
     published.check(
         folder,
         recorded,
-        compare.relabel({**current.report, "merge": recorded.get("merge")}, labels),
+        record_checks.relabel({**current.report, "merge": recorded.get("merge")}, labels),
         outcome,
         out_config=planner.out_model_config,
         merge_config=config,
@@ -169,24 +184,24 @@ def _read_config(folder: str) -> Any:
     from mergekit.config import MergeConfiguration
     from pydantic import ValidationError
 
-    path = os.path.join(folder, compare.CONFIG_FILE)
-    found = folder_checks.read_yaml(folder, compare.CONFIG_FILE)
+    path = os.path.join(folder, record_checks.CONFIG_FILE)
+    found = folder_checks.read_yaml(folder, record_checks.CONFIG_FILE)
     try:
         return MergeConfiguration.model_validate(found)
     except ValidationError as error:  # pydantic's or mergekit's own checks: said without the file's values
         message = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())[:500]
     except Exception as error:
         message = type(error).__name__
-    raise compare.Unreadable(f"{path} is not a mergekit config mergekit can read: {message}")
+    raise errors.Unreadable(f"{path} is not a mergekit config mergekit can read: {message}")
 
 
-def _plan_report(planner: Any) -> dict:
-    """The report of what `planner` plans, before anything is counted (parameters, inputs, given rho, tied pairs)."""
-    found = tasks.planned(tasks.of_planner(planner), resolves_to_ours)
+def _plan_report(plan: tasks.Plan) -> dict:
+    """The report of what `plan` plans, before anything is counted (parameters, inputs, given rho, tied pairs)."""
+    found = tasks.planned(plan, resolves_to_ours)
     if not found:
         raise ValueError("the config plans no ramplus tensor")
     planned = [task for _, task in found]
-    tied = tasks.tied_copies(planner.out_model_config, planned)
+    tied = tasks.tied_copies(plan.out_model_config, planned)
     summaries = [tasks.summary(task) for task in planned if task.output_weight.name not in tied]
     return report.build(None, summaries, source="not computed", identities={}, tied=tied)
 
@@ -195,60 +210,67 @@ def _plan_report(planner: Any) -> dict:
 # mergekit-pytorch: the record's config
 # --------------------------------------------------------------------------- #
 def _verify_flat(
-    folder: str, recorded: dict, record: dict, options: Any, copies: dict[str, str], outcome: compare.Outcome
+    folder: str, recorded: dict, record: dict, options: Any, copies: dict[str, str], outcome: verdict.Outcome
 ) -> None:
-    """A `mergekit-pytorch` folder: its config is the record's; its inputs are files, whose identities the
-    pipeline's report of the planned merge gives."""
+    """A `mergekit-pytorch` folder: its config is the record's, planned downhill as `inspect` plans it
+    (`surface.plan_flat_as_mergekit`); its inputs are files, their identities and the plan checked before
+    anything is counted."""
     from mergekit.io.tasks import SaveTensor
-    from mergekit.scripts.merge_raw_pytorch import RawPyTorchMergeConfig, plan_flat_merge
+    from mergekit.scripts.merge_raw_pytorch import RawPyTorchMergeConfig
 
     stats = os.path.join(folder, "ram_stats.json")
     try:
-        config = RawPyTorchMergeConfig.model_validate(compare.relabel(record.get("config"), copies))
+        config = RawPyTorchMergeConfig.model_validate(record_checks.relabel(record.get("config"), copies))
     except Exception as error:
-        raise compare.Unreadable(f"{stats}: its merge record holds no mergekit-pytorch config") from error
+        raise errors.Unreadable(f"{stats}: its merge record holds no mergekit-pytorch config") from error
     if not resolves_to_ours(config.merge_method):
-        raise compare.NotVerifiable(f"{stats} records a {config.merge_method!r} merge; verify checks ramplus merges")
+        raise errors.NotVerifiable(f"{stats} records a {config.merge_method!r} merge; verify checks ramplus merges")
     labels = {local: label for label, local in copies.items()}
     # read as the files are now (mergekit-pytorch has its own loaders)
     surface.forget_loaders([rerun.reference(folder)])
     index = rerun.published_index(folder)
-    current = MergeSession(config=config, mode="verify", fast_loading=True, record=record)
-    # plan_flat_merge plans a writer for its out_path; it never runs here, and nothing is written there
-    nowhere = os.path.join(tempfile.gettempdir(), f"mergekit-ram-verify-{os.getpid()}-never-written")
+    union, intersection = bool(record.get("tensor_union")), bool(record.get("tensor_intersection"))
+    current = flat.merge_session(config, options, union, intersection, recorded=record, mode="verify")
+    seen: dict[str, dict] = {}  # each input's identity, read once (here, then the statistics pass)
     with active(current):
         try:
-            planned = plan_flat_merge(
-                config, nowhere, bool(record.get("tensor_union")), bool(record.get("tensor_intersection")), options
+            pipeline.check_config(current)
+            flat.check_inputs(config)
+            with flat.planning(options):  # planned into a writer that never runs: nothing is written
+                planned = surface.plan_flat_as_mergekit(config, union, intersection, options)
+            plan = flat.of_flat(planned, config, options, resolves_to_ours, intersection=intersection)
+            found = tasks.planned(plan, resolves_to_ours)
+            if not found:
+                raise InputError("planning the mergekit-pytorch merge computed no RAM+ statistics")
+            now = record_checks.relabel(pipeline.identities(found[0][1], seen, plan.identity), labels)
+            for label, role, identity in record_checks.recorded_inputs(recorded):
+                if label in now:
+                    check = record_checks.check_identity(label, role, identity, now[label], copy=copies.get(label))
+                    outcome.inputs.append(check)
+            if any(check.status != "same" and check.status != "not recorded" for check in outcome.inputs):
+                return
+            outcome.checked.append(f"the identities of {len(outcome.inputs)} input(s)")
+            outcome.parameters = record_checks.plan_mismatches(
+                recorded, record_checks.relabel(_plan_report(plan), labels), source="the recorded config"
             )
+            if outcome.parameters:
+                return
+            pipeline.prepare(plan, current, seen)
         except (OSError, ValueError) as error:
-            missing = [p for p in pipeline.flat_inputs(config) if not os.path.exists(p)]
+            missing = [p for p in flat.inputs(config) if not os.path.exists(p)]
             if missing:
                 outcome.cannot_check.append(f"input {labels.get(missing[0], missing[0])} cannot be read: no such "
-                                            f"file{compare.missing_hint(copies)}")  # fmt: skip
+                                            f"file{record_checks.missing_hint(copies)}")  # fmt: skip
                 return
             raise InputError(str(error) or type(error).__name__) from error
-        if current.report is None:
-            raise InputError("planning the mergekit-pytorch merge computed no RAM+ statistics")
-        found = compare.relabel(current.report, labels)
-        identities = {found["base_model"]["model"]: found["base_model"]["identity"]}
-        identities.update({row["model"]: row["identity"] for row in found["agents"]})
-        for label, role, identity in compare.recorded_inputs(recorded):
-            if label in identities:
-                check = compare.check_identity(label, role, identity, identities[label], copy=copies.get(label))
-                outcome.inputs.append(check)
-        if any(check.status != "same" and check.status != "not recorded" for check in outcome.inputs):
-            return
-        outcome.checked.append(f"the identities of {len(outcome.inputs)} input(s)")
-        outcome.parameters = compare.plan_mismatches(recorded, found, source="the recorded config")
-        if outcome.parameters:
-            return
+        assert current.report is not None
+        found_report = record_checks.relabel(current.report, labels)
         outcome.statistics = current.source
-        outcome.parameters = compare.rho_mismatches(recorded, found)
+        outcome.parameters = record_checks.rho_mismatches(recorded, found_report)
         targets = [
             rerun.compare_task(folder, save.tensor_name, save.tensor_task, save.optional, save.dtype)
-            for save in planned
+            for save in plan.tasks()
             if isinstance(save, SaveTensor)
         ]
         rerun.run(targets, index, folder, options, outcome)
-    published.check(folder, recorded, found, outcome)
+    published.check(folder, recorded, found_report, outcome)

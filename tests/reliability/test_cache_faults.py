@@ -19,9 +19,8 @@ import shutil
 
 import models
 import pytest
+from helpers import config_yaml, copy_models, full_disk, inputs
 from safetensors.torch import load_file, save_file
-
-from reliability.conftest import config_yaml, copy_models, full_disk, inputs
 
 LOGGER = "mergekit_ram"
 

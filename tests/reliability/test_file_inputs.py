@@ -25,8 +25,7 @@ from pathlib import Path
 import models
 import pytest
 import torch
-
-from reliability.conftest import config_yaml, copy_models, finished, inputs, no_weights
+from helpers import config_yaml, copy_models, finished, inputs, no_weights
 
 
 def _header(path: Path):

@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import flat_config_text, forbid_count, no_weights, run_flat
 from safetensors.torch import save_file
-
-from helpers import flat_config_text, run_flat
-from reliability.conftest import forbid_count, no_weights
 
 AGENTS = ("A", "B", "C")
 

@@ -25,9 +25,8 @@ import models
 import pytest
 import reference as R
 import torch
+from helpers import config_yaml, inputs, no_weights
 from mergekit.options import MergeOptions
-
-from reliability.conftest import config_yaml, inputs, no_weights
 
 GPU = torch.cuda.is_available()
 NEEDS_GPU = "needs a GPU"  # merges on a machine with one, refused naming the flag elsewhere

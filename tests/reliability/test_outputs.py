@@ -23,8 +23,7 @@ import pytest
 import reference as R
 import torch
 import yaml
-
-from reliability.conftest import config_yaml, finished, inputs
+from helpers import config_yaml, finished, inputs
 
 WEIGHTS = (".safetensors", ".bin", ".index.json")
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from reliability.conftest import config_yaml, forbid_count, inputs, no_weights
+from helpers import config_yaml, forbid_count, inputs, no_weights
 
 # (parameter, value) pairs already in tests/test_method.py, not repeated here
 ELSEWHERE = {

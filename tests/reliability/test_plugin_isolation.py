@@ -19,10 +19,10 @@ import textwrap
 import models
 import pytest
 import torch
+from helpers import config_yaml
 
 from mergekit_ram import config_checks, input_checks, native, report
 from mergekit_ram._mergekit import loading, pipeline
-from reliability.conftest import config_yaml
 
 METHODS = {
     "linear": {"weight": 0.5},

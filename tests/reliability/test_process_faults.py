@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import config_yaml, finished, full_disk, inputs, not_complete
 
 from mergekit_ram import cache
-from reliability.conftest import config_yaml, finished, full_disk, inputs, not_complete
 
 WORKER = textwrap.dedent(
     """

@@ -16,8 +16,7 @@ import math
 
 import pytest
 import torch
-
-from reliability.conftest import config_yaml, inputs, no_weights
+from helpers import config_yaml, inputs, no_weights
 
 MLP = "model.layers.1.mlp.down_proj.weight"
 EMBED = "model.embed_tokens.weight"

@@ -20,16 +20,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import config_yaml, flat_config_text, run_flat, tree
 from safetensors.torch import load_file, save_file
-
-from helpers import flat_config_text, run_flat
-from reliability.conftest import config_yaml, tree
 
 MARKER_CODE = '''
 import pathlib

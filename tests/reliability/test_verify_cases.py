@@ -22,8 +22,7 @@ from pathlib import Path
 import models
 import pytest
 import torch
-
-from reliability.conftest import config_yaml, forbid_count
+from helpers import config_yaml, forbid_count
 
 
 def _verify(capsys, out, *flags) -> tuple[int, str, str]:

@@ -1,0 +1,173 @@
+"""`mergekit-ram verify`'s verdict on one folder, on plain data: the outcome as text and JSON (`Outcome`,
+`dumps`), its exit codes and the `--json` schema. The comparison itself is `bitwise.compare`; the checks of
+what a folder records are `record_checks`'; `mergekit_ram.compare`, the name users import, re-exports all three.
+
+Knows nothing of mergekit (`_mergekit/verification.py` plans and recomputes; this module judges).
+
+JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/verify", format_version 2:
+
+- `folder` (absolute), `entry_point` ("run_merge" or "mergekit-pytorch"; null when unread),
+  `result` and `exit_code`: "identical" (0), "differs" (1: the folder is not what it records), "cannot check"
+  (3: an input missing, changed or unreadable, a recorded option refused, a file verify refuses or cannot
+  read; `cannot_check` says why, `error` too when verify stopped), with `headline`, the first line of the
+  text. A usage error (exit 2: no such folder, no ram_stats.json, another method's folder, a bad option)
+  prints no JSON, only its line on stderr;
+- `merged`: whether the merge was recomputed (false when an input changed or the config does not
+  plan what `ram_stats.json` records: nothing is recomputed then);
+- `statistics`: where rho came from ("cache", "computed", "not computed"), null when not recomputed;
+- `tensors_compared`, `tensors_identical`: counts;
+- `inputs[]`: `model`, `role` ("base"/"agent"), `status` ("same", "changed", "missing",
+  "not recorded"), `recorded` and `found` identities ({content_id, revision?}; found is null when
+  missing), `detail` (one line, or null);
+- `parameters[]`: one line per parameter the config plans otherwise than `ram_stats.json` records;
+- `files[]`: one line per published file other than the weights that says otherwise than the merge
+  (ram_stats.json's statistics, the card's RAM+ section, config.json, a copied tokenizer file, a weight file
+  another loader reads);
+- `tensors[]`: only the tensors that are not identical: `name`, `status` ("differs", "dtype",
+  "shape", "missing" (planned, not in the folder), "extra" (in the folder, not planned),
+  "unreadable"), `elements`, `differing`, `nan`, `max_abs_difference` (a number, "inf", or null),
+  `published` and `recomputed` ("dtype [shape]" or null), `detail` (or null);
+- `checked[]`, `not_checked[]`: what was checked, and what was not (files no check covers, and why);
+- `problems[]`: every finding as one line of text (what the text output prints);
+- `notes[]`: what does not decide the result (versions differing from the recorded ones, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from mergekit_ram.bitwise import Difference
+from mergekit_ram.record_checks import InputCheck
+
+__all__ = ["EXIT", "FORMAT", "FORMAT_VERSION", "Outcome", "dumps"]
+
+FORMAT = "mergekit-ram/verify"
+FORMAT_VERSION = 2
+#: exit code of each result
+EXIT = {"identical": 0, "differs": 1, "cannot check": 3}
+
+
+@dataclass
+class Outcome:
+    """What verify found in one folder."""
+
+    folder: str
+    entry_point: str | None = None
+    inputs: list[InputCheck] = field(default_factory=list)
+    parameters: list[str] = field(default_factory=list)
+    merged: bool = False
+    statistics: str | None = None
+    compared: int = 0
+    differences: list[Difference] = field(default_factory=list)
+    #: published files other than the weights that say otherwise than the merge
+    files: list[str] = field(default_factory=list)
+    #: why the folder cannot be checked (a refused option, ...), beside `error` and the inputs
+    cannot_check: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+    not_checked: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def add(self, found: Difference) -> None:
+        """One compared tensor (identical ones are counted, not kept)."""
+        if found.status != "extra":
+            self.compared += 1
+        if not found.identical:
+            self.differences.append(found)
+
+    def _differs(self) -> list[str]:
+        return [*self.parameters, *self.files, *(d.line() for d in sorted(self.differences, key=lambda d: d.name))]
+
+    def _blocked(self) -> list[str]:
+        lines = [check.line() for check in self.inputs if check.status in ("changed", "missing")]
+        lines += self.cannot_check
+        return lines + ([self.error] if self.error is not None else [])
+
+    @property
+    def identical(self) -> bool:
+        return self.result == "identical"
+
+    @property
+    def result(self) -> str:
+        if self._differs():
+            return "differs"
+        if self._blocked() or not self.merged:
+            return "cannot check"
+        return "identical"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT[self.result]
+
+    def problems(self) -> list[str]:
+        return self._blocked() + self._differs()
+
+    def _where(self) -> str:
+        return {"cache": " (rho from the statistics cache)", "computed": " (rho counted again)"}.get(
+            str(self.statistics), ""
+        )
+
+    def headline(self) -> str:
+        where = self._where()
+        if self.result == "identical":
+            return f"{self.folder}: bit-identical, {self.compared:,} tensors{where}"
+        if self.result == "differs":
+            found = self._differs()
+            return f"{self.folder}: NOT identical ({len(found)} problem{'s' if len(found) != 1 else ''}):"
+        blocked = self._blocked()
+        return f"{self.folder}: CANNOT CHECK ({len(blocked)} reason{'s' if len(blocked) != 1 else ''}):"
+
+    def summary(self) -> str:
+        """What was checked and what was not, in one line."""
+        checked = "; ".join(self.checked) or "nothing"
+        return f"checked: {checked}" + (f". Not checked: {'; '.join(self.not_checked)}" if self.not_checked else "")
+
+    def text(self) -> str:
+        """What `mergekit-ram verify` prints."""
+        lines = [self.headline()]
+        if self.result == "differs":
+            lines += [f"  {line}" for line in self._differs()]
+            lines += [f"  {line} (so it was not checked)" for line in self._blocked()]
+        elif self.result == "cannot check":
+            lines += [f"  {line}" for line in self._blocked()]
+        if not self.merged and self.result != "identical":
+            lines.append("  (nothing recomputed: the merge was not run again)")
+        elif self.result == "differs":
+            same = self.compared - sum(d.status != "extra" for d in self.differences)
+            lines.append(f"  {same:,} of {self.compared:,} tensors bit-identical{self._where()}")
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+    def as_json(self) -> dict:
+        identical = self.compared - sum(d.status != "extra" for d in self.differences)
+        out: dict[str, Any] = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "folder": self.folder,
+            "entry_point": self.entry_point,
+            "result": self.result,
+            "exit_code": self.exit_code,
+            "headline": self.headline(),
+            "merged": self.merged,
+            "statistics": self.statistics,
+            "tensors_compared": self.compared,
+            "tensors_identical": identical,
+            "inputs": [check.as_json() for check in self.inputs],
+            "parameters": list(self.parameters),
+            "files": list(self.files),
+            "tensors": [d.as_json() for d in sorted(self.differences, key=lambda d: d.name)],
+            "cannot_check": self._blocked(),
+            "checked": list(self.checked),
+            "not_checked": list(self.not_checked),
+            "problems": self.problems(),
+            "notes": list(self.notes),
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def dumps(outcome: Outcome) -> str:
+    return json.dumps(outcome.as_json(), indent=2, allow_nan=False) + "\n"
