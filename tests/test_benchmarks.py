@@ -326,3 +326,16 @@ def test_runner_help(capsys):
         run.parse(["--help"])
     assert done.value.code == 0
     assert "other CPU use drops below 15%" in " ".join(capsys.readouterr().out.split())
+
+
+def test_startup_benchmark_measures_the_hook(tmp_path):
+    """benchmarks/startup.py (the start-up time moved out of the suite: a figure, not an assertion on the clock)
+    finds mergekit_ram's import in a fresh interpreter's start-up and writes what it measured."""
+    out = tmp_path / "startup.json"
+    done = subprocess.run([sys.executable, str(BENCH / "startup.py"), "--samples", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert len(result["samples_ms"]) == 2 and all(s > 0 for s in result["samples_ms"])
+    assert result["median_ms"] == sum(result["samples_ms"]) / 2 and result["target_ms"] == 20
+    assert f"median {result['median_ms']:.2f} ms" in done.stdout
