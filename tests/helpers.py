@@ -12,6 +12,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Dict, Iterable, Optional, Sequence
 
+import pytest
 import torch
 
 import models
@@ -277,3 +278,21 @@ def planner_of(text: str, **options):
 
     config = MergeConfiguration.model_validate(yaml.safe_load(text))
     return inspection.plan(config, MergeOptions(**{"quiet": True, "copy_tokenizer": False, **options}))
+
+
+# ---------------------------------------------------------------- the machine
+
+
+def _has_compiler() -> bool:
+    import shutil
+
+    from mergekit_ram import native
+
+    found = native.find_compiler()
+    return bool(found and shutil.which(found))
+
+
+HAS_COMPILER = _has_compiler()
+NO_COMPILER = "no C compiler ($CC, cc or gcc): the native kernel cannot be built here"
+#: tests of the compiled kernel's build itself; without a compiler every merge takes the torch kernel, tested as it is
+NEEDS_COMPILER = pytest.mark.skipif(not HAS_COMPILER, reason=NO_COMPILER)
