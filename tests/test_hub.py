@@ -148,12 +148,16 @@ def test_each_inputs_revision_and_content_id_are_reported(hub, qwen_bf16):
         assert row in section, row
 
 
-RESOLVE = re.compile(r"^/org/[a-z-]+/resolve/([0-9a-f]{40})/(config\.json|model\.safetensors)$")
+RESOLVE = re.compile(r"^/org/[a-z-]+/resolve/([0-9a-f]{40}|main)/(config\.json|model\.safetensors)$")
 API = re.compile(r"^/api/models/org/[a-z-]+(/revision/main|/tree/(main|[0-9a-f]{40}))?$")
 
 
 def test_the_stub_served_the_documented_endpoints_only(hub):
-    """What mergekit 0.1.5 + huggingface_hub asked for (see tests/hub_stub.py's docstring)."""
+    """What mergekit 0.1.5 + huggingface_hub asked for (see tests/hub_stub.py's docstring).
+
+    transformers' `AutoConfig` asks an unpinned repository's config.json in one of two ways, by version: by branch
+    name (`HEAD /{repo}/resolve/main/config.json`; transformers 5.17.0) or by the commit `GET /api/models/{repo}`
+    names (5.24.0); both are accepted. The weights are fetched by commit hash whatever the version."""
     asked = [(method, path.split("?")[0], status) for method, path, status in hub.requests]
     assert all(status == 200 for *_, status in asked), [a for a in asked if a[2] != 200]
     for method, path, _ in asked:
@@ -161,14 +165,18 @@ def test_the_stub_served_the_documented_endpoints_only(hub):
     # list_repo_files at the pinned commit, then its files by commit hash, never by branch name
     assert ("GET", f"/api/models/org/agent-a/tree/{hub.old}", 200) in asked
     assert ("GET", "/api/models/org/agent-a/revision/main", 200) in asked  # snapshot_download resolves main
+    assert ("HEAD", f"/org/agent-a/resolve/{hub.old}/config.json", 200) in asked  # the pinned config, by commit
     for sha in (hub.old, hub.new):
-        assert ("HEAD", f"/org/agent-a/resolve/{sha}/config.json", 200) in asked
         for method in ("HEAD", "GET"):  # the weights differ: both downloaded
             assert (method, f"/org/agent-a/resolve/{sha}/model.safetensors", 200) in asked
+    for repo, sha in hub.sha.items():  # an unpinned config: by main's commit (5.24) or by branch name (5.17)
+        by_commit = {("GET", f"/api/models/{repo}", 200), ("HEAD", f"/{repo}/resolve/{sha}/config.json", 200)}
+        assert by_commit <= set(asked) or ("HEAD", f"/{repo}/resolve/main/config.json", 200) in asked, repo
     # both commits' config.json are the same bytes: one GET, the other revision links the cached blob
     configs = [path for m, path, _ in asked if m == "GET" and re.match(r"^/org/agent-a/.*/config\.json$", path)]
     assert len(configs) == 1, configs
-    assert not any("/resolve/main/" in path for _, path, _ in asked)
+    at_main = [(method, path) for method, path, _ in asked if "/resolve/main/" in path and "config.json" not in path]
+    assert not at_main, at_main
 
 
 # ---------------------------------------------------------------- offline, cache warm
