@@ -67,7 +67,7 @@ def test_runner_end_to_end_on_tiny(tmp_path):
 
     # --rerender: results.md again from results.json alone (report.py), the same text
     again = subprocess.run([sys.executable, str(RUN), "--rerender", "--out", str(out)], capture_output=True, text=True,
-                           timeout=120)
+                           timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / "results.md").read_text() == md and json.loads((out / "results.json").read_text()) == report
 

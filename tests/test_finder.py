@@ -55,7 +55,7 @@ def neutral_cwd(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cwd")
 
 
-def _run(args, cwd, env=None, timeout=180) -> subprocess.CompletedProcess:
+def _run(args, cwd, env=None, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run(
         args, cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=timeout
     )

@@ -79,7 +79,7 @@ def hub(qwen_bf16, tmp_path_factory):
     root = tmp_path_factory.mktemp("hub")
     home = root / "hf_home"
     served = {repo: [qwen_bf16.paths[who] for who in members] for repo, members in REPOS.items()}
-    with HubStub(served, lifetime=240) as stub:
+    with HubStub(served, lifetime=1800) as stub:  # a bound against a stray server: the module's tests use it
         old, new = stub.shas["org/agent-a"]
         labels = {f"org/agent-a@{old}": "A", "org/agent-a": "C", "org/agent-b": "B"}  # model -> its weights
         done = merge(config_of("org/base", list(labels)), root, "online", hub_env(stub.url, home))
@@ -238,7 +238,7 @@ def test_verify_reads_each_hub_id_at_its_recorded_revision(hub, qwen_bf16):
     bit-identical; the new commit is never asked for."""
     served = {**{repo: [qwen_bf16.paths[who] for who in members] for repo, members in REPOS.items()}}
     served["org/agent-a"] = [*served["org/agent-a"], qwen_bf16.paths["B"]]
-    with HubStub(served, lifetime=240) as moved:
+    with HubStub(served, lifetime=1800) as moved:
         assert moved.shas["org/agent-a"][:2] == [hub.old, hub.new]  # the same commits, and a newer main
         newest = moved.shas["org/agent-a"][2]
         done = subprocess.run(
@@ -260,7 +260,7 @@ def _ask(url: str, method: str, path: str):
     from urllib.parse import urlsplit
 
     where = urlsplit(url)
-    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=5)  # direct: no proxy consulted
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=60)  # direct: no proxy consulted
     try:
         conn.request(method, path)
         response = conn.getresponse()
@@ -272,7 +272,7 @@ def _ask(url: str, method: str, path: str):
 def test_stub_serves_only_what_it_was_given_and_stops_by_itself(qwen_bf16):
     import time
 
-    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=1.0) as stub:
+    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=5.0) as stub:  # long enough for 7 asks when busy
         assert stub.url.startswith("http://127.0.0.1:")
         sha = stub.shas["org/base"][0]
         data = (qwen_bf16.paths["base"] / "model.safetensors").read_bytes()
@@ -291,8 +291,8 @@ def test_stub_serves_only_what_it_was_given_and_stops_by_itself(qwen_bf16):
             status, headers, _ = _ask(stub.url, "GET", path)
             assert (status, headers["X-Error-Code"]) == (404, code), path
         assert [s for *_, s in stub.requests] == [200, 200, 404, 404, 404, 404, 404]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # the lifetime (1 s) runs out: connections are refused
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the lifetime (5 s) runs out: connections are refused
             try:
                 _ask(stub.url, "GET", "/api/models/org/base")
             except ConnectionError:

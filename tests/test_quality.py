@@ -185,7 +185,7 @@ def test_smoke_configuration_end_to_end_and_cached(tmp_path):
     assert cfg["merge_method"] == "ramplus" and cfg["parameters"]["r"] == 0.1 and cfg["dtype"] == "bfloat16"
 
     # the same seed again: every stage from the cache, the same numbers
-    second = subprocess.run([*cmd, "--out", str(out2)], capture_output=True, text=True, timeout=120)
+    second = subprocess.run([*cmd, "--out", str(out2)], capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     again = json.loads((out2 / "results.json").read_text())
     assert all(s["cached"] for k, s in again["stages"].items() if k != "eval")
@@ -199,7 +199,7 @@ def test_smoke_configuration_end_to_end_and_cached(tmp_path):
         [sys.executable, str(RUN.parent / "regimes.py"), str(out1), str(out2), "--out", str(tmp_path / "r.md")],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert side.returncode == 0, side.stderr[-3000:]
     text = (tmp_path / "r.md").read_text()
