@@ -55,10 +55,8 @@ def check_pickle(file: str) -> None:
     unpickling; an older, non-zip one is loaded by torch's weights-only unpickler onto the
     meta device, which refuses anything but tensors without running it.
     """
-    try:
-        from torch.serialization import get_unsafe_globals_in_checkpoint
-    except ImportError:  # older torch: mergekit's weights_only loading still protects
-        return
+    from torch.serialization import get_unsafe_globals_in_checkpoint  # torch >= 2.6, the declared floor
+
     if not zipfile.is_zipfile(file):
         _check_legacy_pickle(file)
         return
