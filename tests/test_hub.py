@@ -149,15 +149,17 @@ def test_each_inputs_revision_and_content_id_are_reported(hub, qwen_bf16):
 
 
 RESOLVE = re.compile(r"^/org/[a-z-]+/resolve/([0-9a-f]{40}|main)/(config\.json|model\.safetensors)$")
-API = re.compile(r"^/api/models/org/[a-z-]+(/revision/main|/tree/(main|[0-9a-f]{40}))?$")
+API = re.compile(r"^/api/models/org/[a-z-]+(/revision/(main|[0-9a-f]{40})|/tree/(main|[0-9a-f]{40}))?$")
 
 
 def test_the_stub_served_the_documented_endpoints_only(hub):
     """What mergekit 0.1.5 + huggingface_hub asked for (see tests/hub_stub.py's docstring).
 
-    transformers' `AutoConfig` asks an unpinned repository's config.json in one of two ways, by version: by branch
-    name (`HEAD /{repo}/resolve/main/config.json`; transformers 5.17.0) or by the commit `GET /api/models/{repo}`
-    names (5.24.0); both are accepted. The weights are fetched by commit hash whatever the version."""
+    Two requests differ by version, and each way is accepted. transformers' `AutoConfig` asks an unpinned
+    repository's config.json by branch name (`HEAD /{repo}/resolve/main/config.json`: transformers 5.1.0 and 5.17.0)
+    or by the commit `GET /api/models/{repo}` names (5.24.0). huggingface_hub's `snapshot_download` resolves a commit
+    hash too (`GET /api/models/{repo}/revision/{commit}`: huggingface_hub 1.16.1) or not (1.33.0, 2.4.0). The
+    weights are fetched by commit hash whatever the versions."""
     asked = [(method, path.split("?")[0], status) for method, path, status in hub.requests]
     assert all(status == 200 for *_, status in asked), [a for a in asked if a[2] != 200]
     for method, path, _ in asked:
