@@ -337,5 +337,5 @@ def test_startup_benchmark_measures_the_hook(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert len(result["samples_ms"]) == 2 and all(s > 0 for s in result["samples_ms"])
-    assert result["median_ms"] == sum(result["samples_ms"]) / 2 and result["target_ms"] == 20
+    assert result["median_ms"] == pytest.approx(sum(result["samples_ms"]) / 2) and result["target_ms"] == 20
     assert f"median {result['median_ms']:.2f} ms" in done.stdout
