@@ -139,9 +139,9 @@ def check_devices(options: Any) -> None:
         return
     device = str(getattr(options, "device", None) or "cpu")
     kind = device.split(":")[0]
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6, which mergekit's multi-GPU executor uses
-    # a device count, not the build's accelerator type: a CUDA build of torch names "cuda" on a machine without one
-    none = (accelerator.device_count() if accelerator else torch.cuda.device_count()) == 0
+    # a device count (torch.accelerator: torch >= 2.6, the declared floor, and what mergekit's multi-GPU executor
+    # asks), not the build's accelerator type: a CUDA build of torch names "cuda" on a machine without one
+    none = torch.accelerator.device_count() == 0
     if getattr(options, "multi_gpu", False) and none:
         raise RamError("--multi-gpu (also set by --gpu-rich) needs a GPU, and torch sees none on this machine")
     available = {"cuda": torch.cuda.is_available, "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available()}

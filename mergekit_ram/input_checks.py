@@ -135,10 +135,8 @@ def check_pickle(file: str) -> None:
             f"input file {file} is a pickle and {FORCE_UNSAFE} is set: torch would then unpickle it fully where "
             "mergekit does not ask for weights only, which could run code; unset it (or convert to safetensors)"
         )
-    try:
-        from torch.serialization import get_unsafe_globals_in_checkpoint
-    except ImportError:  # older torch: mergekit's weights_only loading still protects
-        return
+    from torch.serialization import get_unsafe_globals_in_checkpoint  # torch >= 2.6, the declared floor
+
     if not zipfile.is_zipfile(file):
         _check_legacy_pickle(file)
         return

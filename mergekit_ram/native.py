@@ -252,8 +252,13 @@ def target() -> Path:
     return _recipe()[2]
 
 
+def find_compiler() -> str | None:
+    """The C compiler a build would use: `$CC`, else `cc` or `gcc` on PATH; None without one."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def _recipe() -> tuple[str, list[str], Path]:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = find_compiler()
     if not compiler:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
     flags = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-shared", "-fPIC", "-std=gnu11"]

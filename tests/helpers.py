@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, Iterable, Optional, Sequence
 
 import models
+import pytest
 import reference as R
 import torch
 import yaml
@@ -441,3 +442,21 @@ def full_disk(monkeypatch, folder, budget: int = 64) -> list:
 
     monkeypatch.setattr(os, "fdopen", fdopen)
     return hit
+
+
+# ---------------------------------------------------------------- the machine
+
+
+def _has_compiler() -> bool:
+    import shutil
+
+    from mergekit_ram import native
+
+    found = native.find_compiler()
+    return bool(found and shutil.which(found))
+
+
+HAS_COMPILER = _has_compiler()
+NO_COMPILER = "no C compiler ($CC, cc or gcc): the native kernel cannot be built here"
+#: tests of the compiled kernel's build itself; without a compiler every merge takes the torch kernel, tested as it is
+NEEDS_COMPILER = pytest.mark.skipif(not HAS_COMPILER, reason=NO_COMPILER)

@@ -5,12 +5,12 @@ a list of commits (oldest first, the last one is `main`), each commit the files 
 local folder. Nothing leaves the machine: the server binds 127.0.0.1 only, and a
 process pointed at it with `HF_ENDPOINT=http://127.0.0.1:PORT` asks it, not the hub.
 
-The endpoints are those mergekit 0.1.5, transformers 5 and huggingface_hub 2.4 call for a
+The endpoints are those mergekit 0.1.5, transformers 5 and huggingface_hub 1.16 to 2.4 call for a
 hub id (found by reading their code and by logging requests; see `requests`):
 
 * `GET /api/models/{repo}` and `GET /api/models/{repo}/revision/{revision}` (`repo_info`:
   transformers' `AutoConfig.from_pretrained` resolving the default branch, and
-  `snapshot_download` resolving a branch; a commit hash is not resolved): JSON
+  `snapshot_download` resolving a branch, and a commit hash with huggingface_hub 1.16): JSON
   `{"id", "sha", "siblings"}`, `sha` the commit the revision names;
 * `GET /api/models/{repo}/tree/{revision}` (`list_repo_tree`: mergekit's `list_repo_files`,
   then `snapshot_download`'s listing; `recursive`/`expand` ignored, the repositories are

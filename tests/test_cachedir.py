@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import ast
-import shutil
 from pathlib import Path
 
 import pytest
+from helpers import NEEDS_COMPILER
 
 from mergekit_ram import cache, cachedir, native
 
@@ -70,7 +70,7 @@ def test_the_statistics_cache_is_the_root(env, tmp_path):
     assert cache.directory() == tmp_path / "c"
 
 
-@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler")
+@NEEDS_COMPILER
 @pytest.mark.parametrize("value", [None, "off", "folder"])
 def test_the_kernel_is_built_in_the_kernels_folder(env, tmp_path, value):
     if value == "folder":

@@ -79,7 +79,7 @@ def hub(qwen_bf16, tmp_path_factory):
     root = tmp_path_factory.mktemp("hub")
     home = root / "hf_home"
     served = {repo: [qwen_bf16.paths[who] for who in members] for repo, members in REPOS.items()}
-    with HubStub(served, lifetime=240) as stub:
+    with HubStub(served, lifetime=1800) as stub:  # a bound against a stray server: the module's tests use it
         old, new = stub.shas["org/agent-a"]
         labels = {f"org/agent-a@{old}": "A", "org/agent-a": "C", "org/agent-b": "B"}  # model -> its weights
         done = merge(config_of("org/base", list(labels)), root, "online", hub_env(stub.url, home))
@@ -148,12 +148,18 @@ def test_each_inputs_revision_and_content_id_are_reported(hub, qwen_bf16):
         assert row in section, row
 
 
-RESOLVE = re.compile(r"^/org/[a-z-]+/resolve/([0-9a-f]{40})/(config\.json|model\.safetensors)$")
-API = re.compile(r"^/api/models/org/[a-z-]+(/revision/main|/tree/(main|[0-9a-f]{40}))?$")
+RESOLVE = re.compile(r"^/org/[a-z-]+/resolve/([0-9a-f]{40}|main)/(config\.json|model\.safetensors)$")
+API = re.compile(r"^/api/models/org/[a-z-]+(/revision/(main|[0-9a-f]{40})|/tree/(main|[0-9a-f]{40}))?$")
 
 
 def test_the_stub_served_the_documented_endpoints_only(hub):
-    """What mergekit 0.1.5 + huggingface_hub asked for (see tests/hub_stub.py's docstring)."""
+    """What mergekit 0.1.5 + huggingface_hub asked for (see tests/hub_stub.py's docstring).
+
+    Two requests differ by version, and each way is accepted. transformers' `AutoConfig` asks an unpinned
+    repository's config.json by branch name (`HEAD /{repo}/resolve/main/config.json`: transformers 5.1.0 and 5.17.0)
+    or by the commit `GET /api/models/{repo}` names (5.24.0). huggingface_hub's `snapshot_download` resolves a commit
+    hash too (`GET /api/models/{repo}/revision/{commit}`: huggingface_hub 1.16.1) or not (1.33.0, 2.4.0). The
+    weights are fetched by commit hash whatever the versions."""
     asked = [(method, path.split("?")[0], status) for method, path, status in hub.requests]
     assert all(status == 200 for *_, status in asked), [a for a in asked if a[2] != 200]
     for method, path, _ in asked:
@@ -161,14 +167,18 @@ def test_the_stub_served_the_documented_endpoints_only(hub):
     # list_repo_files at the pinned commit, then its files by commit hash, never by branch name
     assert ("GET", f"/api/models/org/agent-a/tree/{hub.old}", 200) in asked
     assert ("GET", "/api/models/org/agent-a/revision/main", 200) in asked  # snapshot_download resolves main
+    assert ("HEAD", f"/org/agent-a/resolve/{hub.old}/config.json", 200) in asked  # the pinned config, by commit
     for sha in (hub.old, hub.new):
-        assert ("HEAD", f"/org/agent-a/resolve/{sha}/config.json", 200) in asked
         for method in ("HEAD", "GET"):  # the weights differ: both downloaded
             assert (method, f"/org/agent-a/resolve/{sha}/model.safetensors", 200) in asked
+    for repo, sha in hub.sha.items():  # an unpinned config: by main's commit (5.24) or by branch name (5.17)
+        by_commit = {("GET", f"/api/models/{repo}", 200), ("HEAD", f"/{repo}/resolve/{sha}/config.json", 200)}
+        assert by_commit <= set(asked) or ("HEAD", f"/{repo}/resolve/main/config.json", 200) in asked, repo
     # both commits' config.json are the same bytes: one GET, the other revision links the cached blob
     configs = [path for m, path, _ in asked if m == "GET" and re.match(r"^/org/agent-a/.*/config\.json$", path)]
     assert len(configs) == 1, configs
-    assert not any("/resolve/main/" in path for _, path, _ in asked)
+    at_main = [(method, path) for method, path, _ in asked if "/resolve/main/" in path and "config.json" not in path]
+    assert not at_main, at_main
 
 
 # ---------------------------------------------------------------- offline, cache warm
@@ -230,7 +240,7 @@ def test_verify_reads_each_hub_id_at_its_recorded_revision(hub, qwen_bf16):
     bit-identical; the new commit is never asked for."""
     served = {**{repo: [qwen_bf16.paths[who] for who in members] for repo, members in REPOS.items()}}
     served["org/agent-a"] = [*served["org/agent-a"], qwen_bf16.paths["B"]]
-    with HubStub(served, lifetime=240) as moved:
+    with HubStub(served, lifetime=1800) as moved:
         assert moved.shas["org/agent-a"][:2] == [hub.old, hub.new]  # the same commits, and a newer main
         newest = moved.shas["org/agent-a"][2]
         done = subprocess.run(
@@ -252,7 +262,7 @@ def _ask(url: str, method: str, path: str):
     from urllib.parse import urlsplit
 
     where = urlsplit(url)
-    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=5)  # direct: no proxy consulted
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=60)  # direct: no proxy consulted
     try:
         conn.request(method, path)
         response = conn.getresponse()
@@ -264,7 +274,7 @@ def _ask(url: str, method: str, path: str):
 def test_stub_serves_only_what_it_was_given_and_stops_by_itself(qwen_bf16):
     import time
 
-    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=1.0) as stub:
+    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=5.0) as stub:  # long enough for 7 asks when busy
         assert stub.url.startswith("http://127.0.0.1:")
         sha = stub.shas["org/base"][0]
         data = (qwen_bf16.paths["base"] / "model.safetensors").read_bytes()
@@ -283,8 +293,8 @@ def test_stub_serves_only_what_it_was_given_and_stops_by_itself(qwen_bf16):
             status, headers, _ = _ask(stub.url, "GET", path)
             assert (status, headers["X-Error-Code"]) == (404, code), path
         assert [s for *_, s in stub.requests] == [200, 200, 404, 404, 404, 404, 404]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # the lifetime (1 s) runs out: connections are refused
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the lifetime (5 s) runs out: connections are refused
             try:
                 _ask(stub.url, "GET", "/api/models/org/base")
             except ConnectionError:

@@ -33,7 +33,8 @@ def _env(**extra: str) -> dict:
     return env
 
 
-def _run(args, cwd, timeout=60) -> subprocess.CompletedProcess:
+def _run(args, cwd, timeout=600) -> subprocess.CompletedProcess:
+    # a bound against a hang, not a speed check: `pip wheel` took over 60 s on a busy 2-core machine
     proc = subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{' '.join(map(str, args))} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return proc

@@ -47,7 +47,7 @@ def test_two_merges_on_two_threads_keep_their_own_statistics(qwen_bf16, tmp_path
     def merge(agents: str) -> None:
         try:
             config = MergeConfiguration.model_validate(yaml.safe_load(texts[agents]))
-            start.wait(timeout=60)  # both plan and count at once
+            start.wait(timeout=600)  # both plan and count at once
             run_merge(config, str(jobs[agents]), options=options, config_source=texts[agents])
         except BaseException as error:  # reported below, in the test's thread
             errors.append(error)

@@ -76,7 +76,10 @@ class Recorder:
 def rel(request):
     recorder = Recorder(request.node.nodeid)
     yield recorder
-    recorder.finish()
+    try:
+        recorder.finish()
+    finally:  # the counts travel with the teardown report: under pytest-xdist they are made in a worker
+        request.node.user_properties.append((harness.PROPERTY, harness.counts(recorder.case)))
 
 
 # ---------------------------------------------------------------- models and configs

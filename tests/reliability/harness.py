@@ -115,10 +115,21 @@ def case(nodeid: str) -> Case | None:
     return CASES[nodeid]
 
 
+PROPERTY = "mergekit_ram_reliability"  # the name of a case's counts among its report's user_properties
+
+
+def counts(entry: Case) -> dict:
+    return {k: v for k, v in asdict(entry).items() if k not in ("category", "outcome", "suite")}
+
+
 def logreport(report) -> None:
     entry = case(report.nodeid)
     if entry is None:
         return
+    for name, value in getattr(report, "user_properties", ()):
+        if name == PROPERTY:  # made where the case ran (this process, or a pytest-xdist worker)
+            for key, number in value.items():
+                setattr(entry, key, number)
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         entry.outcome = report.outcome
     elif report.when == "teardown" and report.outcome == "failed":

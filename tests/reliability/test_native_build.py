@@ -7,18 +7,25 @@ loaded. Anything else (no compiler, `CC=/bin/false`, an unusable build folder, a
 user's or an exposed library or folder) is one warning naming the cause, and the torch
 path gives the same merge; a library that does not load is deleted and rebuilt.
 Every case merges with whatever path it ends on and compares with the float64 reference.
+Without a C compiler only the failing builds run (`CC=/bin/false`, a missing `CC`, none on PATH); the
+cases that need a library built first skip, naming the reason.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import mergekit_ram
+from helpers import NEEDS_COMPILER
 from mergekit_ram import native
 
 LOGGER = "mergekit_ram"
@@ -61,6 +68,7 @@ def _private(path):
     return st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
+@NEEDS_COMPILER
 def test_fresh_build_is_private(rel, fresh):
     cache = fresh()
     assert native.library() is not None
@@ -91,6 +99,7 @@ def test_build_failure_falls_back(rel, fresh, monkeypatch, caplog, cc):
     _merge_checks(rel)
 
 
+@NEEDS_COMPILER
 def test_unusable_build_folder_falls_back(rel, fresh, caplog):
     rel.fault()
     cache = fresh()
@@ -102,6 +111,7 @@ def test_unusable_build_folder_falls_back(rel, fresh, caplog):
     _merge_checks(rel)
 
 
+@NEEDS_COMPILER
 def test_corrupt_library_is_rebuilt(rel, fresh, caplog):
     rel.fault()
     cache = fresh()
@@ -130,6 +140,7 @@ def _plant(fresh, mode=0o700, owner=None):
     return cache, target
 
 
+@NEEDS_COMPILER
 @pytest.mark.parametrize("how", ["other-user", "writable-by-others"])
 def test_exposed_library_is_refused(rel, fresh, caplog, how):
     _, target = _plant(fresh, **({"owner": 65534} if how == "other-user" else {"mode": 0o777}))
@@ -142,6 +153,7 @@ def test_exposed_library_is_refused(rel, fresh, caplog, how):
     _merge_checks(rel)
 
 
+@NEEDS_COMPILER
 @pytest.mark.parametrize("how", ["world-writable-cache", "group-writable-kernel-folder", "kernel-folder-symlink"])
 def test_exposed_folder_is_refused(rel, fresh, tmp_path, caplog, how):
     cache = fresh()
@@ -164,9 +176,35 @@ def test_exposed_folder_is_refused(rel, fresh, tmp_path, caplog, how):
     _merge_checks(rel)
 
 
+@NEEDS_COMPILER
 def test_cache_folder_with_odd_characters_builds(rel, fresh, tmp_path):
     cache = fresh(tmp_path / "sp ace" / "$(touch PWNED); 'q' ü")
     assert native.library() is not None
     assert native.target().parent == cache / "native"
     assert not list(tmp_path.rglob("PWNED*"))
     _merge_checks(rel)
+
+
+def test_without_a_compiler_the_build_cases_skip(tmp_path):
+    """This module and the kernel-folder test on a machine with no C compiler (PATH without one, no `CC`): the
+    failing builds still run and fall back, the cases that need a built library skip; none fails."""
+    if os.environ.get("MERGEKIT_RAM_TEST_NO_COMPILER"):
+        pytest.skip("already the run without a compiler")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "CC"}
+    env.update(PATH=str(empty), MERGEKIT_RAM_TEST_NO_COMPILER="1", MERGEKIT_RAM_CACHE=str(tmp_path / "cache"))
+    tests = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs",
+         str(Path(__file__)), str(tests / "test_cachedir.py") + "::test_the_kernel_is_built_in_the_kernels_folder"],
+        cwd=tests.parent, env=env, capture_output=True, text=True, timeout=600,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:] + done.stderr[-2000:]
+    summary = out.strip().splitlines()[-1]
+    skipped = int(re.search(r"(\d+) skipped", summary).group(1))
+    assert " failed" not in summary and " error" not in summary, summary
+    # CC=/bin/false, CC missing, no compiler run (3); the kernel-folder test x3, 4 + 2 + 3 here, and this test, skip
+    assert re.search(r"\b3 passed\b", summary) and skipped == 3 + 4 + 2 + 3 + 1, summary
+    assert out.count("no C compiler ($CC, cc or gcc)") >= 1, out[-3000:]
