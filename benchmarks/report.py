@@ -42,6 +42,7 @@ def summarize(runs: list[dict]) -> dict:
     return {"ok": True, "n": len(use), "wall_s": statistics.median(walls), "wall_min_s": min(walls),
             "wall_max_s": max(walls), "rss_gb": statistics.median(r["maxrss_kib"] * 1024 / 1e9 for r in use),
             "rss_anon_gb": statistics.median(anon) if anon else None,
+            "cpu_s": statistics.median(r["user_s"] + r["sys_s"] for r in use) if all("user_s" in r for r in use) else None,
             "read_gb": statistics.median(r["read_gb"] for r in use) if all("read_gb" in r for r in use) else None,
             "failed_runs": len(runs) - len(ok), "invalid_left_out": len(ok) - len(use),
             "invalid_used": len(use) - len(clean)}
@@ -80,6 +81,7 @@ def workload_markdown(res: dict) -> str:
     # the I/O-floor and RssAnon columns only where measured (older results.json have neither)
     floor_col = bool(floor and floor["ok"])
     anon_col = any(x.get("rss_anon_gb") is not None for x in s.values())
+    cpu_col = any(x.get("cpu_s") is not None for x in s.values())  # and the merge phase's ratio beside it
     lines = [f"## {res['workload']['name']}: {describe(res['workload'])}", ""]
     if res.get("page_cache"):
         lines += [f"Page cache: {res['page_cache']}"
@@ -87,17 +89,22 @@ def workload_markdown(res: dict) -> str:
                      else "."), ""]
     lines += ["| method | wall s (median) | peak RSS GB |" + (" peak RssAnon GB | read GB |" if anon_col else "")
               + " × task_arithmetic | × ram |" + (" × I/O floor |" if floor_col else "")
-              + " merge phase s | wall s min–max |",
-              "|---|---|---|" + ("---|---|" if anon_col else "") + "---|---|" + ("---|" if floor_col else "") + "---|---|"]
+              + " merge phase s |" + (" merge phase × task_arithmetic | CPU s (median) |" if cpu_col else "")
+              + " wall s min–max |",
+              "|---|---|---|" + ("---|---|" if anon_col else "") + "---|---|" + ("---|" if floor_col else "")
+              + ("---|---|" if cpu_col else "") + "---|---|"]
     for m, v in res["methods"].items():
         x = s[m]
         if not x["ok"]:
             what = f"> {x['timed_out_s']:.0f} (timed out)" if x.get("timed_out_s") else f"**failed**: {x['error']}"
-            lines.append(f"| {v['label']} | {what} |" + " — |" * (5 + 2 * anon_col + floor_col))
+            lines.append(f"| {v['label']} | {what} |" + " — |" * (5 + 2 * anon_col + floor_col + 2 * cpu_col))
             continue
         flat = m in PYTORCH
         begin = flat_startup if flat else startup
         phase = x["wall_s"] - begin if begin is not None and m not in (*STARTUP, "io_floor") else None
+        against = flat_ta if flat else ta
+        ta_phase = against["wall_s"] - begin if begin is not None and against and against.get("ok") else None
+        phase_ratio = phase / ta_phase if phase is not None and ta_phase and ta_phase >= 0.05 else None
         ratios = (None, None) if m in STARTUP else (_ratio(x, flat_ta if flat else ta), None if flat else _ratio(x, ram))
         notes = [f"{x['failed_runs']} failed"] if x["failed_runs"] else []
         if x.get("invalid_left_out"):
@@ -106,9 +113,10 @@ def workload_markdown(res: dict) -> str:
             notes.append(f"{x['invalid_used']} of {x['n']} disturbed or cache misses")
         failed = f" ({'; '.join(notes)})" if notes else ""
         anon = f" {fmt(x.get('rss_anon_gb'))} | {fmt(x.get('read_gb'), '.1f')} |" if anon_col else ""
+        cpu = f" {fmt(phase_ratio, '.2f', '×')} | {fmt(x.get('cpu_s'))} |" if cpu_col else ""
         vs_floor = f" {fmt(None if m in STARTUP else _ratio(x, floor), '.2f', '×')} |" if floor_col else ""
         lines.append(f"| {v['label']} | {x['wall_s']:.2f} | {x['rss_gb']:.2f} |{anon} {fmt(ratios[0], '.2f', '×')} | "
-                     f"{fmt(ratios[1], '.2f', '×')} |{vs_floor} {fmt(phase)} | "
+                     f"{fmt(ratios[1], '.2f', '×')} |{vs_floor} {fmt(phase)} |{cpu} "
                      f"{x['wall_min_s']:.2f}–{x['wall_max_s']:.2f}{failed} |")
     noisy = [f"{res['methods'][m]['label']} ({x['wall_max_s'] / x['wall_min_s']:.2f}×)" for m, x in s.items()
              if x["ok"] and x["wall_max_s"] > NOISY * x["wall_min_s"]]

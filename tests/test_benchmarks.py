@@ -124,7 +124,7 @@ def report():
 def _run(wall, rss_kib=1_000_000, anon_kib=500_000, **extra) -> dict:
     """One measured run as results.json keeps it (the fields report.py reads)."""
     return {"ok": True, "wall_s": wall, "maxrss_kib": rss_kib, "peak_rss_anon_kib": anon_kib, "rss_samples": 10,
-            "read_gb": 0.1, "others_cpu_s": 0.0, **extra}
+            "read_gb": 0.1, "others_cpu_s": 0.0, "user_s": wall - 1.0, "sys_s": 0.5, **extra}
 
 
 def _marker(name="hand", agents=2) -> dict:
@@ -175,16 +175,16 @@ def test_report_workload_table_and_targets(report):
                         "bfloat16, 0.1M params per model")
     assert "Page cache: warm (inputs read before every run)." in lines
     assert ("| method | wall s (median) | peak RSS GB | peak RssAnon GB | read GB | × task_arithmetic | × ram "
-            "| × I/O floor | merge phase s | wall s min–max |") in lines
-    assert "|---|---|---|---|---|---|---|---|---|---|" in lines
+            "| × I/O floor | merge phase s | merge phase × task_arithmetic | CPU s (median) | wall s min–max |") in lines
+    assert "|---|---|---|---|---|---|---|---|---|---|---|---|" in lines
     for row in (
-        "| mergekit-yaml --help (start-up) | 4.10 | 1.02 | 0.51 | 0.1 | — | — | — | — | 4.00–5.00 |",
-        "| task_arithmetic | 11.00 | 2.05 | 0.51 | 0.1 | 1.00× | — | 5.50× | 6.90 | 10.00–12.00 |",
-        "| ties | **failed**: killed by SIGKILL (out of memory?) |" + " — |" * 8,
-        "| ramplus cold | 8.50 | 1.95 | 0.51 | 0.1 | 0.77× | — | 4.25× | 4.40 | 8.00–9.00 |",
-        "| ramplus warm (cache) | 7.10 | 1.95 | 0.51 | 0.1 | 0.65× | — | 3.55× | 3.00 | 7.00–7.20 "
+        "| mergekit-yaml --help (start-up) | 4.10 | 1.02 | 0.51 | 0.1 | — | — | — | — | — | 3.60 | 4.00–5.00 |",
+        "| task_arithmetic | 11.00 | 2.05 | 0.51 | 0.1 | 1.00× | — | 5.50× | 6.90 | 1.00× | 10.50 | 10.00–12.00 |",
+        "| ties | **failed**: killed by SIGKILL (out of memory?) |" + " — |" * 10,
+        "| ramplus cold | 8.50 | 1.95 | 0.51 | 0.1 | 0.77× | — | 4.25× | 4.40 | 0.64× | 8.00 | 8.00–9.00 |",
+        "| ramplus warm (cache) | 7.10 | 1.95 | 0.51 | 0.1 | 0.65× | — | 3.55× | 3.00 | 0.43× | 6.60 | 7.00–7.20 "
         "(median of 2; 1 disturbed or cache-miss runs left out) |",
-        "| I/O floor (read all, write one) | 2.00 | 1.02 | 0.51 | 0.1 | 0.18× | — | 1.00× | — | 2.00–2.00 |",
+        "| I/O floor (read all, write one) | 2.00 | 1.02 | 0.51 | 0.1 | 0.18× | — | 1.00× | — | — | 1.50 | 2.00–2.00 |",
     ):
         assert row in lines, row
     assert ("Targets: cold ≤ 1.2× task_arithmetic: **met** (0.77× wall, 0.64× merge phase); warm ≤ 1.0× "
@@ -226,9 +226,9 @@ def test_report_mergekit_pytorch_rows_compare_with_their_own_task_arithmetic(rep
         "pytorch_ramplus_warm": [_run(9.6, anon_kib=700_000)],
     }
     lines = report.workload_markdown(_workload(report, runs)).splitlines()
-    assert "| mergekit-pytorch task_arithmetic | 8.00 | 1.02 | 0.92 | 0.1 | 1.00× | — | 5.00 | 8.00–8.00 |" in lines
-    assert "| mergekit-pytorch ramplus cold | 8.40 | 1.02 | 0.72 | 0.1 | 1.05× | — | 5.40 | 8.40–8.40 |" in lines
-    assert "| mergekit-pytorch --help (start-up) | 3.00 | 1.02 | 0.51 | 0.1 | — | — | — | 3.00–3.00 |" in lines
+    assert "| mergekit-pytorch task_arithmetic | 8.00 | 1.02 | 0.92 | 0.1 | 1.00× | — | 5.00 | 1.00× | 7.50 | 8.00–8.00 |" in lines
+    assert "| mergekit-pytorch ramplus cold | 8.40 | 1.02 | 0.72 | 0.1 | 1.05× | — | 5.40 | 1.08× | 7.90 | 8.40–8.40 |" in lines
+    assert "| mergekit-pytorch --help (start-up) | 3.00 | 1.02 | 0.51 | 0.1 | — | — | — | — | 2.50 | 3.00–3.00 |" in lines
     assert ("mergekit-pytorch targets: mergekit-pytorch ramplus cold ≤ 1.1× its task_arithmetic: **met** (1.05× wall, "
             "1.08× merge phase); its peak RssAnon ≤ task_arithmetic's: **met** (0.72 vs 0.92 GB); mergekit-pytorch "
             "ramplus warm (cache) ≤ 1.1× its task_arithmetic: **MISSED** (1.20× wall, 1.32× merge phase); its peak "
