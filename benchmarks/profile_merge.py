@@ -65,9 +65,10 @@ def classify(stack: list[str]) -> str:
 # counting on mergekit's executors (counting.py), their orchestration (pipeline.py). Older profiles still classify:
 # all three were _mergekit/planning.py before, and mergekit_ram/prepass.py before that (the profiles in results/R3).
 STATISTICS_FILES = (
-    *(f"mergekit_ram/_mergekit/{name}.py" for name in ("counting", "tasks", "pipeline", "planning")),
+    *(f"mergekit_ram/_mergekit/{name}.py" for name in ("counting", "tasks", "planning")),
     "mergekit_ram/prepass.py",
     "mergekit_ram/statistics.py",
+    "prepare (/",  # pipeline.prepare; not any frame of pipeline.py: its `merge` wraps the whole of run_merge
 )
 
 
@@ -195,7 +196,7 @@ def main(argv=None) -> int:
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment for the merge")
     args = p.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    bench_args = argparse.Namespace(root=args.root, scratch=None, cuda=False, drop_cache=args.drop_cache)
+    bench_args = argparse.Namespace(root=args.root, scratch=None, cuda=False, drop_cache=args.drop_cache, timeout=0)
     bench_args.scratch = str(workloads.root_dir(args.root))
     b = measure.Bench(args.workload, bench_args)
     args.out.mkdir(parents=True, exist_ok=True)
