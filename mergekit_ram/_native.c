@@ -21,6 +21,7 @@
 #include <string.h>
 
 #define BLOCK 2048
+_Static_assert(BLOCK <= 65535, "per-block counters are uint16_t");
 
 static inline float load_f32(const float *p, int64_t i) { return p[i]; }
 static inline float load_bf16(const uint16_t *p, int64_t i) {
@@ -78,7 +79,7 @@ int64_t diagnose_scratch(int n) { return (int64_t)(mask_bytes(n) + delta_bytes(n
             }                                                                          \
             for (int t = 0; t < n; t++) {                                              \
                 const uint8_t *m = mask + (size_t)t * BLOCK;                           \
-                int64_t act = 0, uni = 0, pair = 0;                                    \
+                uint16_t act = 0, uni = 0, pair = 0;                                   \
                 for (int i = 0; i < k; i++) {                                          \
                     act += m[i];                                                       \
                     uni += m[i] & (hits[i] == 1);                                      \
@@ -223,7 +224,7 @@ static void lanes_dot3(const float *x, const float *y, int k, double *out) {
                 const T *a = agents[t] + s;                                            \
                 uint8_t *m = mask + (size_t)t * BLOCK;                                 \
                 float *d = delta + (size_t)t * BLOCK;                                  \
-                int64_t single = 0;                                                    \
+                uint16_t single = 0;                                                   \
                 for (int i = 0; i < k; i++) {                                          \
                     d[i] = load_##NAME(a, i) - b[i];                                   \
                     float ad = fabsf(d[i]);                                            \
@@ -238,7 +239,7 @@ static void lanes_dot3(const float *x, const float *y, int k, double *out) {
             for (int t = 0; t < n; t++) {                                              \
                 const uint8_t *m = mask + (size_t)t * BLOCK;                           \
                 const float *d = delta + (size_t)t * BLOCK;                            \
-                int64_t act = 0, uni = 0, pair = 0;                                    \
+                uint16_t act = 0, uni = 0, pair = 0;                                   \
                 for (int i = 0; i < k; i++) {                                          \
                     act += m[i];                                                       \
                     uni += m[i] & (hits[i] == 1);                                      \
@@ -260,7 +261,7 @@ static void lanes_dot3(const float *x, const float *y, int k, double *out) {
                     const uint8_t *my = mask + (size_t)y * BLOCK;                      \
                     const float *dx = delta + (size_t)x * BLOCK;                       \
                     const float *dy = delta + (size_t)y * BLOCK;                       \
-                    int64_t common = 0, same = 0;                                      \
+                    uint16_t common = 0, same = 0;                                     \
                     for (int i = 0; i < k; i++) {                                      \
                         int both = mx[i] & my[i];                                      \
                         common += both;                                                \

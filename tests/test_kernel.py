@@ -91,6 +91,20 @@ def test_count_matches_reference(dtype, n):
         assert got[t].tolist() == [stats[t].active, stats[t].unique, stats[t].pair], t
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_full_blocks_count_exactly(n):
+    """Every entry changed by every agent, over several of the compiled loops' 2,048-entry blocks and a ragged
+    end: the per-block counters reach their largest values (a narrow counter would wrap)."""
+    numel = 5 * 2048 + 7
+    base = torch.zeros(numel, dtype=torch.bfloat16)
+    agents = [torch.full((numel,), 0.5 * (t + 1), dtype=torch.bfloat16) for t in range(n)]
+    got = kernel.count(base, agents, EPS)
+    assert got.tolist() == [[numel, numel if n == 1 else 0, numel if n == 2 else 0]] * n
+    found = kernel.diagnose(base, agents, EPS)
+    assert found.counts.tolist() == got.tolist()
+    assert found.pair_counts.tolist() == [[numel, numel]] * (n * (n - 1) // 2)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_merge_matches_reference(dtype, n):
