@@ -61,6 +61,10 @@ def _fields(cls: str, module: str, names: str, needed_for: str = PREPASS) -> lis
     return [Name(module, f"{cls}.{n}", needed_for, "field") for n in names.split()]
 
 
+def _objects(module: str, names: str, needed_for: str) -> list[Name]:
+    return [Name(module, n, needed_for) for n in names.split()]
+
+
 _PLAN = "mergekit.plan"
 _TASKS = "mergekit.io.tasks"
 _ADAPTER = "mergekit.merge_methods.task_adapter"
@@ -89,17 +93,12 @@ NAMES: tuple[Name, ...] = (
     Name("mergekit.merge_methods.base", "GroupMergeMethod._execute", PREPASS),
     Name(_ADAPTER, "TensorDictWrapper", PREPASS),
     # running the count tasks on mergekit's own executors
-    Name("mergekit.graph", "Task", PREPASS),
-    Name("mergekit.graph", "Executor", PREPASS),
+    *_objects("mergekit.graph", "Task Executor", PREPASS),
     Name("mergekit.multigpu_executor", "MultiGPUExecutor", PREPASS),
-    Name(_TASKS, "LoaderCache", PREPASS),
-    Name(_TASKS, "GatherTensors", PREPASS),
-    Name(_TASKS, "FinalizeModel", PREPASS),
-    Name("mergekit.merge_methods", "TensorEntry", PREPASS),
-    Name("mergekit.merge_methods", "TensorMetadata", PREPASS),
+    *_objects(_TASKS, "LoaderCache GatherTensors FinalizeModel", PREPASS),
+    *_objects("mergekit.merge_methods", "TensorEntry TensorMetadata", PREPASS),
     Name("mergekit.merge_methods.dtype", "align_dtype", PREPASS),
-    Name("mergekit.common", "dtype_from_name", PREPASS),
-    Name("mergekit.common", "ImmutableMap", PREPASS),
+    *_objects("mergekit.common", "dtype_from_name ImmutableMap", PREPASS),
     # mergekit-pytorch: its planner wrapped (and called by `inspect`), its tasks read and rebuilt with rho
     Name(_RAW, "plan_flat_merge", FLAT),
     Name(_RAW, "RawPyTorchMergeConfig", FLAT),
@@ -112,9 +111,7 @@ NAMES: tuple[Name, ...] = (
     *_fields("FinalizeModel", _TASKS, "tensor_save_tasks", FLAT),
     *_fields("TensorDictWrapper", _ADAPTER, "tensors", FLAT),
     # run_merge's preamble (for `inspect`) and the wrapped card / run_merge
-    Name("mergekit.merge", "run_merge", MERGE),
-    Name("mergekit.merge", "generate_card", MERGE),
-    Name("mergekit.merge", "_model_out_config", MERGE),
+    *_objects("mergekit.merge", "run_merge generate_card _model_out_config", MERGE),
     Name("mergekit.architecture", "get_architecture_info", MERGE),
     # fast loading: functions whose bodies `loading` mirrors, hashed
     Name("mergekit.io.lazy_tensor_loader", "LazyTensorLoader.get_tensor", LOADING, "source", "dd0df1e785f47b7b"),
@@ -124,22 +121,17 @@ NAMES: tuple[Name, ...] = (
     Name(_CONVERSION, "_expanded_target_keys", LOADING, "source", "8eab3e6797ca04ad"),
     Name("mergekit.io.loader", "TensorLoader", LOADING),
     # verify: hub ids pinned to a recorded revision, the published weights read (a mergekit-pytorch folder: FLAT too)
-    Name("mergekit.common", "ModelReference", VERIFY),
-    Name("mergekit.common", "ModelPath", VERIFY),
+    *_objects("mergekit.common", "ModelReference ModelPath", VERIFY),
     Name(_TASKS, "LoaderCache.loaders", VERIFY, "annotation"),
     # public API: the method definition, registration, the CLI
     Name("mergekit", "merge_methods", PUBLIC),
-    Name("mergekit.merge_methods", "merge_method", PUBLIC),
-    Name("mergekit.merge_methods", "register", PUBLIC),
-    Name("mergekit.merge_methods", "registered_methods", PUBLIC),
-    Name("mergekit.merge_methods", "get", PUBLIC),
-    Name("mergekit.merge_methods", "BasePolicy", PUBLIC),
-    Name("mergekit.merge_methods", "InputContract", PUBLIC),
-    Name("mergekit.merge_methods", "PerNonBase", PUBLIC),
-    Name("mergekit.merge_methods", "TensorGroup", PUBLIC),
+    *_objects(
+        "mergekit.merge_methods",
+        "merge_method register registered_methods get BasePolicy InputContract PerNonBase TensorGroup",
+        PUBLIC,
+    ),
     Name("mergekit.config", "MergeConfiguration", PUBLIC),
-    Name("mergekit.options", "MergeOptions", PUBLIC),
-    Name("mergekit.options", "add_merge_options", PUBLIC),
+    *_objects("mergekit.options", "MergeOptions add_merge_options", PUBLIC),
 )
 
 
