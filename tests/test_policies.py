@@ -55,7 +55,7 @@ def _cfg() -> dict:
     return cfg
 
 
-def test_merge_and_evaluate_two_tiny_policies(tmp_path):
+def test_merge_and_evaluate_two_tiny_policies(tmp_path, capsys):
     gen = torch.Generator().manual_seed(0)
     base_dir = tmp_path / "base"
     base_dir.mkdir()
@@ -95,7 +95,12 @@ def test_merge_and_evaluate_two_tiny_policies(tmp_path):
     assert all(0.4 < a["density"] < 0.6 for a in inspected["float32"]["agents"])
 
     policies = {"base": base_dir / "actor.safetensors", **{f"{t} agent": p for t, (p, _) in agents.items()}, **merged}
-    success = pipe.evaluate(policies)
+    capsys.readouterr()
+    # one file under two names is evaluated once per task (two builds of one stage folder at once raced)
+    success = pipe.evaluate({**policies, "ramplus, again": merged["ramplus"]})
+    distinct = {p.read_bytes() for p in policies.values()}
+    assert f"evaluating {len(distinct) * len(TASKS)} (policy, task) pairs" in capsys.readouterr().out
+    assert success.pop("ramplus, again") == success["ramplus"]
     assert set(success) == set(policies)
     for per_task in success.values():
         assert set(per_task) == set(TASKS)

@@ -287,7 +287,10 @@ class Pipeline:
                 key = key_of("peval", payload)
                 stage = Stage(self.root / "eval" / f"{task}-{key}", key, payload)
                 todo.append((row, task, path, stage))
-        missing = [(row, task, path, stage) for row, task, path, stage in todo if not stage.done]
+        # one build per stage folder: two rows with the same bytes (ta_sum and a ramplus that changes each entry
+        # once are often bit-identical) share one folder, and two processes building it at once raced on its
+        # temporary folder (FileNotFoundError on stage.json, seen under load with jobs=2)
+        missing = list({s.folder: (row, task, path, s) for row, task, path, s in todo if not s.done}.values())
         if missing:
             log(f"seed {self.seed}: evaluating {len(missing)} (policy, task) pairs, {ev['episodes']} episodes each")
             args = [

@@ -31,7 +31,12 @@ from mergekit_ram import cache
 
 WORKER = textwrap.dedent(
     """
-    import os, sys, time
+    import os, signal, sys, time
+
+    # Ctrl-C at a terminal: Python turns SIGINT into KeyboardInterrupt unless its parent left SIGINT
+    # ignored, which a suite started in the background does (`nohup`, `&` in a script: SIGINT ignored
+    # and inherited by every child); the worker would then sleep through the test's SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     point, marker = os.environ["RAM_FAULT_POINT"], os.environ["RAM_FAULT_MARKER"]
 
