@@ -478,6 +478,9 @@ def test_card_for_a_hub_reader(merged, qwen_bf16):
 
     from mergekit_ram import report
 
+    root = Path(report.__file__).resolve().parent.parent
+    # HEAD read beside the merge, not at the assertion: a commit made while the suite runs must not fail it
+    head_commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
     run = merged(config_text(qwen_bf16, "ABC"))
     card = (run.out / "README.md").read_text(encoding="utf-8")
     meta, body = split_card(card)
@@ -491,9 +494,7 @@ def test_card_for_a_hub_reader(merged, qwen_bf16):
     stats = read_stats(run.out)
     source = stats["mergekit_ram_source"]
     assert "checkout" not in source and "/" not in source.get("commit", "")  # never a local path
-    root = Path(report.__file__).resolve().parent.parent
     if source["installed_from"] == "checkout" and (root / ".git").exists():
-        head_commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
         if head_commit.returncode == 0:
             assert source["commit"] == head_commit.stdout.strip()
             assert f"at commit `{source['commit']}`" in section
