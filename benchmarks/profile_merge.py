@@ -62,13 +62,14 @@ def classify(stack: list[str]) -> str:
 
 
 # The statistics pass's files: the planned tasks as plain data and rho written back (_mergekit/tasks.py), the
-# counting on mergekit's executors (counting.py), their orchestration (pipeline.py). Older profiles still classify:
+# counting on mergekit's executors (counting.py), their orchestration (`pipeline.prepare`'s frame only: `pipeline.merge`
+# wraps the whole of run_merge). Older profiles still classify:
 # all three were _mergekit/planning.py before, and mergekit_ram/prepass.py before that (the profiles in results/R3).
 STATISTICS_FILES = (
     *(f"mergekit_ram/_mergekit/{name}.py" for name in ("counting", "tasks", "planning")),
     "mergekit_ram/prepass.py",
     "mergekit_ram/statistics.py",
-    "prepare (/",  # pipeline.prepare; not any frame of pipeline.py: its `merge` wraps the whole of run_merge
+    "prepare (/",
 )
 
 

@@ -105,7 +105,7 @@ def workload_markdown(res: dict) -> str:
         against = flat_ta if flat else ta
         ta_phase = against["wall_s"] - begin if begin is not None and against and against.get("ok") else None
         phase_ratio = phase / ta_phase if phase is not None and ta_phase and ta_phase >= 0.05 else None
-        ratios = (None, None) if m in STARTUP else (_ratio(x, flat_ta if flat else ta), None if flat else _ratio(x, ram))
+        ratios = (None, None) if m in STARTUP else (_ratio(x, against), None if flat else _ratio(x, ram))
         notes = [f"{x['failed_runs']} failed"] if x["failed_runs"] else []
         if x.get("invalid_left_out"):
             notes.append(f"median of {x['n']}; {x['invalid_left_out']} disturbed or cache-miss runs left out")
