@@ -106,8 +106,11 @@ def root_dir(root: str | os.PathLike | None = None) -> Path:
     return Path(root or os.environ.get("MERGEKIT_RAM_BENCH_DIR") or DEFAULT_ROOT).resolve()
 
 
-def get(name: str, root: str | os.PathLike | None = None, *, quiet: bool = False) -> tuple[Workload, dict]:
-    """The workload `name` (built if needed) and its marker (parameters, paths, size)."""
+def get(
+    name: str, root: str | os.PathLike | None = None, *, quiet: bool = False, jobs: int | None = None
+) -> tuple[Workload, dict]:
+    """The workload `name` (built if needed, on `jobs` threads: default one per core, the same bytes for any
+    number) and its marker (parameters, paths, size)."""
     if name not in WORKLOADS:
         raise KeyError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
     params = WORKLOADS[name]
@@ -124,7 +127,8 @@ def get(name: str, root: str | os.PathLike | None = None, *, quiet: bool = False
     if folder.exists():
         shutil.rmtree(folder)
     start = time.perf_counter()
-    wl = build_workload(folder, **params)
+    jobs = jobs or os.cpu_count() or 1
+    wl = build_workload(folder, jobs=jobs, **params)
     found = {
         "name": name,
         "params": params,
@@ -132,6 +136,7 @@ def get(name: str, root: str | os.PathLike | None = None, *, quiet: bool = False
         "agents": {k: str(v) for k, v in wl.agents.items()},
         "num_parameters": wl.num_parameters,
         "build_s": round(time.perf_counter() - start, 2),
+        "build_jobs": jobs,
     }
     marker.write_text(json.dumps(found, indent=2) + "\n")  # written last: marks a complete build
     if not quiet:
@@ -158,9 +163,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="Build (or find) benchmark workloads.")
     parser.add_argument("names", nargs="*", default=["W1", "W2"], help=f"any of {', '.join(WORKLOADS)}")
     parser.add_argument("--root", help=f"workload folder (default ${{MERGEKIT_RAM_BENCH_DIR}} or {DEFAULT_ROOT})")
+    parser.add_argument("--jobs", type=int, help="threads that build (default: one per core; same bytes for any)")
     args = parser.parse_args(argv)
     for name in args.names:
-        _, marker = get(name, args.root)
+        _, marker = get(name, args.root, jobs=args.jobs)
         print(f"{name}: {marker['num_parameters'] / 1e6:.1f}M params, base {marker['base']}")
 
 

@@ -140,6 +140,20 @@ def test_deterministic_and_seed_dependent(tmp_path):
     assert folder_bytes(tmp_path / "a") == files_a
 
 
+def test_parallel_build_writes_the_same_bytes(tmp_path, monkeypatch):
+    """`jobs` threads write every tensor in place: the same files as one job, sharded or not, chunked or not."""
+    monkeypatch.setattr(synthetic, "_CHUNK", 1000)  # big tensors streamed in chunks too
+    kwargs = dict(hidden_size=32, num_layers=2, vocab_size=256, num_heads=2, densities=(0.1, 0.5), seed=5)
+    for shard_size in (None, 20_000):
+        one = tmp_path / f"one-{shard_size}"
+        build_workload(one, shard_size=shard_size, **kwargs)
+        build_workload(tmp_path / f"three-{shard_size}", shard_size=shard_size, jobs=3, **kwargs)
+        assert folder_bytes(tmp_path / f"three-{shard_size}") == folder_bytes(one)
+    assert len(list((tmp_path / "one-20000" / "base").glob("*.safetensors"))) > 1
+    with pytest.raises(ValueError, match="jobs must be at least 1"):
+        build_workload(tmp_path / "none", jobs=0, **kwargs)
+
+
 def test_chunked_approximate_path(tmp_path, monkeypatch):
     """Big tensors use chunks and a closed-form threshold; densities stay within 1%."""
     monkeypatch.setattr(synthetic, "_CHUNK", 1000)
