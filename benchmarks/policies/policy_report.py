@@ -329,6 +329,9 @@ def write(res: dict, out: Path) -> None:
         density_chart(res, out / "density.png")
     except ImportError:
         print("matplotlib is not installed: no chart.png")
+    # rebuilt whole: files of an earlier run's tasks or seeds would otherwise stay beside this run's
+    for name in ("ram_stats", "policies"):
+        shutil.rmtree(out / name, ignore_errors=True)
     for run in runs:
         seed = run["seed"]
         for row, path in run["files"].items():
