@@ -114,6 +114,21 @@ def test_merge_and_evaluate_two_tiny_policies(tmp_path, capsys):
     assert "| ramplus (r=0.1, α=2) |" in text and "reach-v3" in text
     assert (tmp_path / "results" / "ram_stats" / "seed0" / "ramplus.json").exists()
 
+    # three training seeds (here the same run three times): per-seed columns and intervals over the seeds
+    three = [{**runs[0], "seed": s} for s in (0, 1, 2)]
+    res = policy_report.build(cfg, three, {"cpu": "test"}, None, "test", 1.0)
+    c = res["ramplus_vs"]["ta_sum"]
+    assert c["per_seed"] == [c["mean_diff"]] * 3 and c["seed_ci"] == [c["mean_diff"]] * 2
+    policy_report.write(res, tmp_path / "results3")
+    assert "| model | seed 0 | seed 1 | seed 2 |" in (tmp_path / "results3" / "results.md").read_text()
+
+
+def test_seed_interval_is_students_t_over_the_seeds():
+    assert policy_report.seed_interval([0.1, 0.3]) is None  # two seeds: no interval
+    lo, hi = policy_report.seed_interval([1.0, 2.0, 3.0, 4.0])
+    half = 3.182446 * np.std([1.0, 2.0, 3.0, 4.0], ddof=1) / 2  # t(0.975, 3 degrees of freedom)
+    assert lo == pytest.approx(2.5 - half, abs=1e-5) and hi == pytest.approx(2.5 + half, abs=1e-5)
+
 
 def test_episodes_are_fixed_by_their_index():
     env = rl.MultiTask(TASKS[:1], TASKS, horizon=5, seed=0, terminate_on_success=True)

@@ -80,6 +80,7 @@ def build(cfg: dict, runs: list[dict], machine: dict, commit: str | None, config
             "mean": _num(np.mean([rate[row][t]["acc"] for t in tasks])),
             "mean_ci": [_num(x) for x in bs.interval(bs.mean(row))],
             "per_seed_mean": [_num(np.mean([_seed_rate(run, row, t) for t in tasks])) for run in runs],
+            "per_seed_success": [{t: _num(_seed_rate(run, row, t)) for t in tasks} for run in runs],
         }
         if kind == "merge":
             spec = MERGES[row.removesuffix(" (bf16)")]
@@ -90,10 +91,15 @@ def build(cfg: dict, runs: list[dict], machine: dict, commit: str | None, config
                 lo, hi = bs.interval(bs.retained(row, "base", specialists, t))
                 retained[t] = {"share": _num(point), "ci": [_num(lo), _num(hi)]}
             entry["retained"] = retained
+            # each seed's own share (its base and specialists), averaged over the tasks its specialist improved
+            entry["per_seed_retained"] = [_num(_seed_retained(run, row, specialists, valid)) for run in runs]
             if valid:
                 point = float(np.mean([retained[t]["share"] for t in valid]))
                 lo, hi = bs.interval(np.mean([bs.retained(row, "base", specialists, t) for t in valid], axis=0))
                 entry["retained_mean"] = {"share": _num(point), "ci": [_num(lo), _num(hi)], "over_tasks": valid}
+                own = [x for x in entry["per_seed_retained"] if x is not None]
+                seed_ci = seed_interval(own) if len(own) == len(runs) else None
+                entry["retained_mean"]["seed_ci"] = None if seed_ci is None else [_num(x) for x in seed_ci]
         models[row] = entry
 
     comparisons = {}
@@ -102,7 +108,16 @@ def build(cfg: dict, runs: list[dict], machine: dict, commit: str | None, config
             lo, hi = bs.interval(bs.mean("ramplus") - bs.mean(m))
             d = models["ramplus"]["mean"] - models[m]["mean"]
             verdict = "ramplus better" if lo > 0 else "ramplus worse" if hi < 0 else "no significant difference"
-            comparisons[m] = {"mean_diff": _num(d), "ci": [_num(lo), _num(hi)], "verdict": verdict}
+            ours, theirs = models["ramplus"]["per_seed_mean"], models[m]["per_seed_mean"]
+            per_seed = [a - b for a, b in zip(ours, theirs, strict=True)]
+            seed_ci = seed_interval(per_seed)
+            comparisons[m] = {
+                "mean_diff": _num(d),
+                "ci": [_num(lo), _num(hi)],
+                "verdict": verdict,
+                "per_seed": [_num(x) for x in per_seed],
+                "seed_ci": None if seed_ci is None else [_num(x) for x in seed_ci],
+            }
 
     density = {}
     for run in runs:
@@ -146,6 +161,29 @@ def build(cfg: dict, runs: list[dict], machine: dict, commit: str | None, config
     }
 
 
+def seed_interval(xs: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """Student-t interval of the mean over training seeds (each seed one observation; None under 3 seeds).
+
+    The bootstrap's intervals resample episodes, so they cover the evaluation's noise only; this one treats the
+    seeds as the sample, so it covers the training seeds' spread (with few seeds, a wide interval)."""
+    if len(xs) < 3:
+        return None
+    from scipy import stats
+
+    a = np.asarray(xs, dtype=float)
+    half = stats.t.ppf(0.5 + level / 2, len(a) - 1) * a.std(ddof=1) / math.sqrt(len(a))
+    return float(a.mean() - half), float(a.mean() + half)
+
+
+def _seed_retained(run: dict, row: str, specialists: dict[str, str], tasks: list[str]) -> float | None:
+    shares = [
+        E.retained_share(_seed_rate(run, row, t), _seed_rate(run, "base", t), _seed_rate(run, specialists[t], t))
+        for t in tasks
+    ]
+    shares = [x for x in shares if math.isfinite(x)]
+    return float(np.mean(shares)) if shares else None
+
+
 def _seed_rate(run: dict, row: str, task: str) -> float:
     xs = run["success"][row][task]
     return sum(xs) / len(xs)
@@ -170,6 +208,25 @@ def table(res: dict) -> list[str]:
         rm = m.get("retained_mean")
         cells.append(f"{_pct(rm['share'], 0)} % {_ci(rm['ci'])}" if rm else "—")
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def seed_table(res: dict) -> list[str]:
+    """Each training seed alone: success per task, mean, and the share of that seed's specialists' gains kept."""
+    seeds, tasks = res["seeds"], res["tasks"]
+    lines = [f"Per training seed (success %, {' / '.join(tasks)}; mean; share of that seed's gains kept):", ""]
+    head = ["model", *(f"seed {s}" for s in seeds), "share kept: seeds' mean [t, 95 %]"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m in res["models"].values():
+        cells = []
+        for i, rates in enumerate(m["per_seed_success"]):
+            cell = " / ".join(f"{100 * rates[t]:.0f}" for t in tasks) + f"; {_pct(m['per_seed_mean'][i])}"
+            share = m.get("per_seed_retained", [None] * len(seeds))[i]
+            cells.append(cell + ("" if share is None else f"; {100 * share:.0f} %"))
+        own = [x for x in m.get("per_seed_retained", []) if x is not None]
+        ci = (m.get("retained_mean") or {}).get("seed_ci")
+        cells.append(f"{100 * np.mean(own):.0f} % {_ci(ci)}".rstrip() if own else "—")
+        lines.append(f"| {m['label']} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -212,11 +269,18 @@ def markdown(res: dict) -> str:
             f"- {t}: base {_pct(g['base'])}, specialist {_pct(g['specialist'])}, gain {100 * g['gain']:+.1f} "
             f"{_ci(g['gain_ci'], 1)} (seeds: {per_seed}){'' if g['meets_bar_20_points'] else ' — below 20 points'}"
         )
+    out += ["", *seed_table(res)]
     if res["ramplus_vs"]:
-        out += ["", "ramplus (defaults) minus each other merge, mean success (points, 95 % paired interval):", ""]
-        out += ["| merge | ramplus - merge | verdict |", "|---|---|---|"]
+        n = len(res["seeds"])
+        out += ["", "ramplus (defaults) minus each other merge, mean success (points): the paired bootstrap's 95 % "]
+        out[-1] += f"interval (evaluation noise), each seed's difference, and a t-interval over the {n} seeds "
+        out[-1] += "(the seeds' spread; from 3 seeds):"
+        out += ["", "| merge | ramplus - merge | verdict | per seed | over seeds (t, 95 %) |", "|---|---|---|---|---|"]
         for m, c in res["ramplus_vs"].items():
-            out.append(f"| {_label(m)} | {100 * c['mean_diff']:+.1f} {_ci(c['ci'], 1)} | {c['verdict']} |")
+            seeds = " / ".join(f"{100 * x:+.1f}" for x in c["per_seed"])
+            cells = [_label(m), f"{100 * c['mean_diff']:+.1f} {_ci(c['ci'], 1)}", c["verdict"], seeds]
+            cells.append(_ci(c["seed_ci"], 1) or "—")
+            out.append("| " + " | ".join(cells) + " |")
     out += ["", "Per-agent statistics of the specialists' actors (`mergekit-ram inspect`, ε 1e-5, r 0.1, α 2):", ""]
     out += density_table(res)
     pairs = [(seed, dtype, p) for seed, pd in res["density"].items() for dtype, d in pd.items() for p in d["pairs"]]

@@ -1,6 +1,6 @@
 """Does RAM+ keep RL-trained skills of robot policies? A Meta-World merging benchmark through `mergekit-pytorch`.
 
-    python benchmarks/policies/run.py                      # the full configuration, training seeds 0 and 1
+    python benchmarks/policies/run.py                      # the full configuration, training seeds 0 to 3
     python benchmarks/policies/run.py --seeds 0            # one training seed
     python benchmarks/policies/run.py --seeds 1 --until agents   # train seed 1 only (e.g. beside seed 0)
     python benchmarks/policies/run.py --config smoke       # a tiny end-to-end run (minutes)
@@ -66,7 +66,7 @@ SAC = {
 MERGE_NAMES = list(Q.ALL_MERGES)
 CONFIGS: dict[str, dict] = {
     "full": {
-        "seeds": [0, 1],
+        "seeds": [0, 1, 2, 3],
         # screened: benchmarks/policies/README.md, "Tasks, and how they were chosen"
         "tasks": ["reach-v3", "reach-wall-v3", "coffee-button-v3", "button-press-v3"],
         "horizon": 200,
