@@ -176,7 +176,19 @@ def _perturb(base: torch.Tensor, mask: torch.Tensor, g: torch.Generator) -> torc
 # --------------------------------------------------------------------------- #
 # Streaming safetensors writer
 # --------------------------------------------------------------------------- #
-class _SafetensorsWriter:
+class _Stream:
+    """Tensor bytes written one after another from the file's current position, counted."""
+
+    def __init__(self, f):
+        self._f, self.written = f, 0
+
+    def write(self, t: torch.Tensor) -> None:
+        data = t.contiguous().view(torch.uint8).numpy()
+        self._f.write(data.data)  # the array's own buffer, no copy
+        self.written += data.nbytes
+
+
+class _SafetensorsWriter(_Stream):
     """Writes a safetensors file whose header is known up front, tensor data streamed."""
 
     def __init__(
@@ -185,29 +197,23 @@ class _SafetensorsWriter:
         itemsize = torch.empty((), dtype=dtype).element_size()
         header: dict[str, object] = {"__metadata__": {"format": "pt"}}
         offset = 0
-        offsets: dict[str, int] = {}
+        spans: dict[str, tuple[int, int]] = {}
         for name, shape in specs:
             nbytes = math.prod(shape) * itemsize
             header[name] = {"dtype": _GRID[dtype][5], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-            offsets[name] = offset
+            spans[name] = (offset, nbytes)
             offset += nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
-        #: where each tensor's bytes start in the file (a parallel build writes them there)
-        self.starts = {name: 8 + len(raw) + start for name, start in offsets.items()}
+        #: name -> (where its bytes start in the file, how many): a parallel build writes them there
+        self.spans = {name: (8 + len(raw) + start, nbytes) for name, (start, nbytes) in spans.items()}
         self.expected = offset
-        self.written = 0
         self.path = path
-        self._f = open(path, "wb")  # noqa: SIM115  (the writer owns the handle; close() closes it)
+        super().__init__(open(path, "wb"))  # noqa: SIM115  (the writer owns the handle; close() closes it)
         self._f.write(len(raw).to_bytes(8, "little"))
         self._f.write(raw)
         if sized:  # the data is written in place by worker threads (`_write_in_parallel`)
             self._f.truncate(8 + len(raw) + offset)
-
-    def write(self, t: torch.Tensor) -> None:
-        data = t.contiguous().view(torch.uint8).numpy()
-        self._f.write(data.data)  # the array's own buffer, no copy
-        self.written += data.nbytes
 
     def close(self) -> None:
         self._f.close()
@@ -497,7 +503,7 @@ def build_workload(
             _save_tokenizer(folder, vocab_size)
 
     weight_map: dict[str, str] = {}
-    in_place: list[tuple] = []  # (paths, start, name, shape) for the worker threads
+    in_place: list[tuple] = []  # (paths, start, nbytes, name, shape) for the worker threads
     for s, shard_specs in enumerate(shards):
         fname = "model.safetensors" if len(shards) == 1 else f"model-{s + 1:05d}-of-{len(shards):05d}.safetensors"
         writers: list[_SafetensorsWriter] = []
@@ -507,7 +513,7 @@ def build_workload(
             for name, shape in shard_specs:
                 weight_map[name] = fname
                 if jobs > 1:
-                    in_place.append(([w.path for w in writers], writers[0].starts[name], name, shape))
+                    in_place.append(([w.path for w in writers], *writers[0].spans[name], name, shape))
                 else:
                     _write_tensor(writers, name, shape, dtype, densities, overlap, seed)
         finally:
@@ -528,40 +534,27 @@ def build_workload(
     return Workload(base=base_dir, agents=agent_dirs, num_parameters=sum(math.prod(shape) for _, shape in specs))
 
 
-class _InPlaceWriter:
-    """Writes one tensor's bytes where its header says they go (a worker of a parallel build)."""
-
-    def __init__(self, f, start: int, nbytes: int):
-        f.seek(start)
-        self._f, self.left = f, nbytes
-
-    def write(self, t: torch.Tensor) -> None:
-        data = t.contiguous().view(torch.uint8).numpy()
-        self._f.write(data.data)
-        self.left -= data.nbytes
-
-
 def _write_in_place(job: tuple, common: tuple) -> None:
-    paths, start, name, shape = job
-    dtype, densities, overlap, seed = common
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    paths, start, nbytes, name, shape = job
     files = [open(p, "r+b") for p in paths]  # noqa: SIM115  (closed below)
     try:
-        writers = [_InPlaceWriter(f, start, nbytes) for f in files]
-        _write_tensor(writers, name, shape, dtype, densities, overlap, seed)
+        for f in files:
+            f.seek(start)
+        writers = [_Stream(f) for f in files]
+        _write_tensor(writers, name, shape, *common)
     finally:
         for f in files:
             f.close()
-    if any(w.left for w in writers):
-        raise RuntimeError(f"tensor {name}: wrote {nbytes - writers[0].left} bytes, expected {nbytes}")
+    if any(w.written != nbytes for w in writers):
+        raise RuntimeError(f"tensor {name}: wrote {[w.written for w in writers]} bytes, expected {nbytes} each")
 
 
 def _write_in_parallel(jobs_list: list[tuple], jobs: int, common: tuple) -> None:
-    """Every tensor on `jobs` threads, largest first: torch and file writes release the GIL, and threads
+    """Every tensor on `jobs` threads: torch and file writes release the GIL, and threads
     need none of a process pool's care (no re-imported `__main__`, no fork of torch's thread pools)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    order = sorted(jobs_list, key=lambda j: -math.prod(j[3]))
+    order = sorted(jobs_list, key=lambda j: -j[2])  # largest first
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core per job
     try:
