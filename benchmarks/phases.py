@@ -32,6 +32,7 @@ sys.path.insert(0, str(HERE))
 import io_floor  # noqa: E402
 import measure  # noqa: E402
 import workloads  # noqa: E402
+from report import fmt  # noqa: E402
 
 VARIANTS = {
     "warm": "ramplus, statistics from the cache (a hit)",
@@ -137,8 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = ["| variant | merge s | merge CPU s | RAM+ pre-pass s | runs |", "|---|---|---|---|---|"]
     for variant, label in [*VARIANTS.items(), ("read", "one read of every input tensor (page cache)")]:
         n = sum(r["variant"] == variant for r in runs)
-        rows.append(f"| {label} | {fmt(med(variant, 'merge_s'))} | {fmt(med(variant, 'merge_cpu_s'))} | "
-                    f"{fmt(med(variant, 'prepare_s'))} | {n} |")
+        cells = [fmt(med(variant, key), ".3f") for key in ("merge_s", "merge_cpu_s", "prepare_s")]
+        rows.append(f"| {label} | {' | '.join(cells)} | {n} |")
     hit = diff(runs, "warm", "r0")
     cold = diff(runs, "cold", "r0")
     read = med("read", "merge_s")
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         f"- A cache hit over r = 0 (paired by repeat, median of the differences): **{fmt(hit[0], '+.3f')} s** wall, "
         f"{fmt(hit[1], '+.3f')} s CPU (target: ≤ +0.3 s).",
         f"- A cold pass over r = 0: **{fmt(cold[0], '+.3f')} s** wall, {fmt(cold[1], '+.3f')} s CPU; one read of "
-        f"the inputs: {fmt(read)} s (target: cold ≤ r = 0 + one read).",
+        f"the inputs: {fmt(read, '.3f')} s (target: cold ≤ r = 0 + one read).",
         "",
     ])
     (args.out / f"{args.name}.md").write_text(text)
@@ -168,10 +169,6 @@ def diff(runs: list[dict], a: str, b: str) -> tuple[float | None, float | None]:
         return None, None
     return (statistics.median(x["merge_s"] - y["merge_s"] for x, y in pairs),
             statistics.median(x["merge_cpu_s"] - y["merge_cpu_s"] for x, y in pairs))
-
-
-def fmt(x: float | None, spec: str = ".3f") -> str:
-    return "—" if x is None else f"{x:{spec}}"
 
 
 if __name__ == "__main__":
