@@ -81,6 +81,69 @@ def test_diagnose_at_epsilon_zero_and_large_values():
     _check(kernel.diagnose(base, agents, 0.0), R.reference_diagnostics(base, agents, 0.0), kernel.count(base, agents, 0.0))
 
 
+def _lanes(values: list[float], lanes: int) -> list[float]:
+    """_native.c's partial sums of one block: value i into lane i % lanes, the tail past the last full group of
+    `lanes` into lane 0."""
+    acc = [0.0] * lanes
+    full = len(values) - len(values) % lanes
+    for i in range(full):
+        acc[i % lanes] += values[i]
+    for x in values[full:]:
+        acc[0] += x
+    return acc
+
+
+def _in_native_order(base: torch.Tensor, agents: list[torch.Tensor], eps: float, lanes: int = 8, block: int = 2048):
+    """The native loops' double sums, added in the order `_native.c` documents (one thread): per block of 2048
+    entries, LANES partial sums; a magnitude adds its lanes into a block total, then into the sum; a pair
+    sum adds its lanes into the sum one by one."""
+    n = len(agents)
+    magnitude = [[0.0, 0.0] for _ in range(n)]
+    pair = {(i, j): [0.0, 0.0, 0.0] for i, j in kernel.pairs(n)}
+    for s in range(0, base.numel(), block):
+        b = base[s : s + block].float()
+        d = [(a[s : s + block].float() - b) for a in agents]
+        on = [x.abs() > eps for x in d]
+        hits = torch.stack(on).sum(dim=0)
+        for t in range(n):
+            for col, where in enumerate((on[t] & (hits == 1), on[t] & (hits >= 2))):
+                picked = torch.where(where, d[t].abs(), torch.zeros_like(d[t])).tolist()
+                total = 0.0
+                for lane in _lanes(picked, lanes):
+                    total += lane
+                magnitude[t][col] += total
+        for i, j in kernel.pairs(n):
+            both = on[i] & on[j]
+            u = torch.where(both, d[i], torch.zeros_like(d[i])).tolist()
+            v = torch.where(both, d[j], torch.zeros_like(d[j])).tolist()
+            products = ([x * y for x, y in zip(u, v, strict=True)], [x * x for x in u], [y * y for y in v])
+            parts = [_lanes(p, lanes) for p in products]
+            for col, partial in enumerate(parts):
+                for lane in partial:
+                    pair[(i, j)][col] += lane
+    return magnitude, pair
+
+
+def test_native_sums_keep_their_documented_order():
+    """`verify` compares ram_stats.json's diagnostics with a recount bit for bit: the native loops must add in
+    the one order `_native.c` documents (float32 inputs, where another order gives other bits; a tail in
+    each place: a partial block, and a partial lane group)."""
+    if native.library() is None:
+        pytest.skip("no C compiler: the native kernel is unavailable")
+    g = torch.Generator().manual_seed(5)
+    numel = 2 * 2048 + 1000 + 5
+    base = torch.randn(numel, generator=g)
+    scale = torch.exp2(torch.randint(-30, 30, (numel,), generator=g).float())  # float32 sums inexact in double
+    agents = [base + torch.where(torch.rand(numel, generator=g) < p, torch.randn(numel, generator=g) * scale, 0.0)
+              for p in (0.3, 0.6, 0.9)]
+    found = kernel.diagnose(base, agents, 1e-5)
+    magnitude, pair = _in_native_order(base, agents, 1e-5)
+    assert found.magnitude.tolist() == magnitude
+    assert found.pair_sums.tolist() == [pair[p] for p in kernel.pairs(3)]
+    other, other_pairs = _in_native_order(base, agents, 1e-5, lanes=1)  # each block summed in entry order
+    assert other != magnitude and other_pairs != pair, "the case cannot tell one order from another"
+
+
 def test_non_finite_input_is_named():
     base, agents = _case(torch.bfloat16, 2, numel=1000)
     agents[1][5] = float("nan")
