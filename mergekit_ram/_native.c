@@ -156,7 +156,9 @@ static inline int32_t key_f16(const _Float16 *p, int64_t i) {
  *   sums[3P]  per pair: sum tau_i tau_j, sum tau_i^2, sum tau_j^2 over the common entries
  * Products and sums in double (a product of two float32 deltas is exact in double). The
  * double sums run in LANES independent partial sums, added in a fixed order per block: the
- * loops vectorise without reassociation, and a result depends only on the block split. */
+ * loops vectorise without reassociation, and a result depends only on the block split. The
+ * sums of each `span` entries (a multiple of BLOCK) go to a row of their own in `rows`, which
+ * the caller adds in order: so the threads' split of a tensor (whole spans each) never changes them. */
 #define LANES 8
 
 /* LANES floats, and LANES doubles, as one GCC/clang vector each: a vector of partial sums adds
@@ -236,7 +238,7 @@ static void lanes_dot3(const float *x, const float *y, int k, double *out) {
 
 #define DEFINE_DIAGNOSE(NAME, T)                                                       \
     int diagnose_##NAME(const T *base, const T *const *agents, int n, float eps,       \
-                        int64_t len, int64_t *ints, double *sums) {                    \
+                        int64_t len, int64_t span, int64_t *ints, double *rows) {      \
         float b[BLOCK];                                                                \
         int32_t kb[BLOCK];                                                             \
         uint8_t hits[BLOCK];                                                           \
@@ -244,7 +246,7 @@ static void lanes_dot3(const float *x, const float *y, int k, double *out) {
         uint8_t *mask = malloc(mask_bytes(n));                                         \
         float *delta = malloc(delta_bytes(n));                                         \
         int64_t *pint = ints + 4 * n;                                                  \
-        double *psum = sums + 2 * n;                                                   \
+        int64_t width = 2 * n + 3 * ((int64_t)n * (n - 1) / 2);                        \
         int bad = 0;                                                                   \
         if (!mask || !delta) {                                                         \
             free(mask);                                                                \
@@ -253,6 +255,8 @@ static void lanes_dot3(const float *x, const float *y, int k, double *out) {
         }                                                                              \
         for (int64_t s = 0; s < len; s += BLOCK) {                                     \
             int k = (len - s) < BLOCK ? (int)(len - s) : BLOCK;                        \
+            double *sums = rows + (s / span) * width; /* this span's row */           \
+            double *psum = sums + 2 * n;                                               \
             for (int i = 0; i < k; i++) {                                              \
                 b[i] = load_##NAME(base, s + i);                                       \
                 kb[i] = key_##NAME(base, s + i);                                       \

@@ -13,7 +13,9 @@ compared with what the merge makes (`report_differences`, `config_differences`, 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import stat
 from collections.abc import Mapping
 from typing import Any
@@ -188,9 +190,23 @@ def weight_files(folder: str, choice: str) -> list[str]:
 NOT_RECOMPUTED = frozenset({"versions", "statistics", "merge", "identity"})
 
 
+#: How far a diagnostic float64 sum may lie from its recount, relative to its scale: the native loops, the torch
+#: kernel (a GPU's, or verify's where no kernel is built) and other thread counts add in other orders, whose
+#: rounding differs by far less (n·2^-53 of the sum of magnitudes for n terms; 1e-9 allows n up to ~10^7 per
+#: block of sums). Counts, rho, lambda and every weight are compared exactly.
+SUM_TOLERANCE = 1e-9
+_SUMS = re.compile(
+    r"(agents\[\d+\]\.magnitude_(unique|shared)|tensors\[\d+\]\.diagnostics\.magnitude\..*\[[01]\]"
+    r"|tensors\[\d+\]\.diagnostics\.pairs\[\d+\]\[[56]\])"
+)
+_SHARES = re.compile(r"agents\[\d+\]\.magnitude_unique_share|pairs\[\d+\]\.cosine")
+_PAIR_SUMS = re.compile(r"tensors\[\d+\]\.diagnostics\.pairs\[\d+\]")
+
+
 def report_differences(recorded: Any, recomputed: Any, path: str = "") -> list[str]:
     """Where ram_stats.json (`recorded`) says otherwise than the report of the merge run again: one
-    'path: ram_stats.json records X, recomputed Y' per differing leaf (keys in NOT_RECOMPUTED skipped)."""
+    'path: ram_stats.json records X, recomputed Y' per differing leaf (keys in NOT_RECOMPUTED skipped; a
+    diagnostic sum within SUM_TOLERANCE of its scale is the same)."""
     if isinstance(recorded, dict) and isinstance(recomputed, dict):
         found = []
         for key in sorted(set(recorded) | set(recomputed), key=str):
@@ -205,9 +221,28 @@ def report_differences(recorded: Any, recomputed: Any, path: str = "") -> list[s
                 found += report_differences(recorded[key], recomputed[key], where)
         return found
     if isinstance(recorded, list) and isinstance(recomputed, list) and len(recorded) == len(recomputed):
-        return [d for i, (a, b) in enumerate(zip(recorded, recomputed, strict=True)) for d in
-                report_differences(a, b, f"{path}[{i}]")]  # fmt: skip
+        pair = len(recorded) == 7 and _PAIR_SUMS.fullmatch(path) is not None
+        found = []
+        for i, (a, b) in enumerate(zip(recorded, recomputed, strict=True)):
+            if pair and i == 4:  # sum tau_a tau_b, at most sqrt(sum tau_a^2 * sum tau_b^2) in size
+                scale = math.sqrt(abs(recorded[5] * recorded[6])) if _floats(recorded[5], recorded[6]) else None
+                found += _leaf(a, b, f"{path}[4]", scale)
+            else:
+                found += report_differences(a, b, f"{path}[{i}]")
+        return found
+    scale = abs(recorded) if _floats(recorded) and _SUMS.fullmatch(path) else None
+    return _leaf(recorded, recomputed, path, 1.0 if _SHARES.fullmatch(path) else scale)
+
+
+def _floats(*values: Any) -> bool:
+    return all(isinstance(v, float) for v in values)
+
+
+def _leaf(recorded: Any, recomputed: Any, path: str, scale: float | None = None) -> list[str]:
+    """[] when the values are the same (a float with a `scale`: within SUM_TOLERANCE of it), else the line."""
     if recorded == recomputed and type(recorded) is type(recomputed):
+        return []
+    if scale is not None and _floats(recorded, recomputed) and abs(recorded - recomputed) <= SUM_TOLERANCE * scale:
         return []
     return [f"{path}: ram_stats.json records {_brief(recorded)}, recomputed {_brief(recomputed)}"]
 

@@ -41,6 +41,9 @@ LOG = logging.getLogger("mergekit_ram")
 SOURCE = Path(__file__).with_name("_native.c")
 _NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _MIN_SPLIT = 1 << 20  # below this, one thread: splitting costs more than it saves
+#: `diagnose` sums each span of this many entries on its own, then the spans in order: its float64 sums are then
+#: the same bits for any number of threads, which share out whole spans (a multiple of _native.c's BLOCK)
+SPAN = 1 << 18
 _NO_MEMORY = -1  # what count_* and diagnose_* return when their scratch cannot be allocated (_native.c)
 _lock = threading.Lock()
 _lib = None
@@ -122,13 +125,15 @@ def diagnose(
     n, pairs = len(agents), len(agents) * (len(agents) - 1) // 2
     base, agents = _flat(base), [_flat(a) for a in agents]
     pointers = (ctypes.c_void_p * n)(*[a.data_ptr() for a in agents])
-    parts = _ranges(base.numel())
-    ints = [torch.zeros(4 * n + 2 * pairs, dtype=torch.int64) for _ in parts]
-    sums = [torch.zeros(2 * n + 3 * pairs, dtype=torch.float64) for _ in parts]
-    size = base.element_size()
+    numel, size = base.numel(), base.element_size()
+    spans = max(1, -(-numel // SPAN))
+    rows = torch.zeros(spans, 2 * n + 3 * pairs, dtype=torch.float64)  # each span's sums
+    groups = _ranges(spans, numel >= _MIN_SPLIT)  # whole spans per thread
+    ints = [torch.zeros(4 * n + 2 * pairs, dtype=torch.int64) for _ in groups]
 
     def run(i):
-        start, stop = parts[i]
+        first, last = groups[i]
+        start, stop = first * SPAN, min(last * SPAN, numel)
         shifted = (ctypes.c_void_p * n)(*[p + start * size for p in pointers])
         return getattr(lib, f"diagnose_{name}")(
             base.data_ptr() + start * size,
@@ -136,13 +141,17 @@ def diagnose(
             n,
             ctypes.c_float(epsilon),
             stop - start,
+            SPAN,
             ints[i].data_ptr(),
-            sums[i].data_ptr(),
+            rows[first].data_ptr(),
         )
 
-    bad = _map(run, len(parts))
+    bad = _map(run, len(groups))
     _allocated(bad, lib.diagnose_scratch(n), "agent masks and deltas", "diagnosing", tensor_name)
-    return sum(ints[1:], ints[0]), sum(sums[1:], sums[0]), any(b != 0 for b in bad)
+    sums = rows[0].clone()
+    for row in rows[1:]:  # in span order, one add at a time: the same bits for any split
+        sums += row
+    return sum(ints[1:], ints[0]), sums, any(b != 0 for b in bad)
 
 
 def merge(base, agents, lambdas, epsilon: float, out: torch.Tensor) -> bool:
@@ -185,18 +194,21 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
 
 
-def _ranges(n: int):
-    threads = max(1, torch.get_num_threads()) if n >= _MIN_SPLIT else 1
+def _ranges(n: int, split: bool | None = None):
+    """[start, stop) of each thread's share of n items: one per thread when `split` (default: n >= _MIN_SPLIT)."""
+    threads = max(1, torch.get_num_threads()) if (n >= _MIN_SPLIT if split is None else split) else 1
     step = -(-n // threads)
     return [(s, min(s + step, n)) for s in range(0, n, step)] or [(0, 0)]
 
 
 def _map(fn, n: int):
+    """fn(0) ... fn(n - 1) on at most torch's thread count of threads, results in order."""
     global _pool
-    if n == 1:
-        return [fn(0)]
-    if _pool is None or _pool._max_workers < n:
-        _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="mergekit-ram")
+    workers = min(n, max(1, torch.get_num_threads()))
+    if workers == 1:
+        return [fn(i) for i in range(n)]
+    if _pool is None or _pool._max_workers < workers:
+        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mergekit-ram")
     return list(_pool.map(fn, range(n)))
 
 
@@ -204,7 +216,7 @@ def _declare(lib):
     int64, vp, fl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     for src in _NAMES.values():
         getattr(lib, f"count_{src}").argtypes = [vp, vp, ctypes.c_int, fl, int64, vp]
-        getattr(lib, f"diagnose_{src}").argtypes = [vp, vp, ctypes.c_int, fl, int64, vp, vp]
+        getattr(lib, f"diagnose_{src}").argtypes = [vp, vp, ctypes.c_int, fl, int64, int64, vp, vp]
         for dst in _NAMES.values():
             getattr(lib, f"merge_{src}_{dst}").argtypes = [vp, vp, ctypes.c_int, vp, fl, int64, vp]
     for scratch in (lib.count_scratch, lib.diagnose_scratch):

@@ -344,3 +344,41 @@ def test_report_differences_name_each_leaf_but_versions_and_identities():
     now["versions"] = {"mergekit": "9"}
     now["agents"][0]["identity"] = {}
     assert folder_checks.report_differences(was, now) == ["agents[0].rho: ram_stats.json records 0.25, recomputed 0.3"]
+
+
+def test_report_differences_take_diagnostic_sums_to_their_rounding_and_all_else_exactly():
+    """Another kernel, device or thread count adds a diagnostic's float64 sum in another order: its last bits may
+    differ (verify on a machine without the compiled kernel did report an honest float32 merge as differing). Such
+    a sum is the same within SUM_TOLERANCE of its scale; a larger change, and any count or rho, is a difference."""
+    from mergekit_ram import folder_checks
+
+    tol = folder_checks.SUM_TOLERANCE
+    was = {
+        "agents": [{"magnitude_unique": 2.0, "magnitude_shared": 4.0, "magnitude_unique_share": 1 / 3, "rho": 0.25,
+                    "active": 7}],
+        "pairs": [{"agents": ["a", "b"], "cosine": 1e-4, "common": 3}],
+        "tensors": [{"diagnostics": {"magnitude": {"a": [2.0, 4.0]}, "pairs": [["a", "b", 3, 2, 1e-6, 4.0, 9.0]]}}],
+    }
+    rounding = copy.deepcopy(was)
+    rounding["agents"][0].update(magnitude_unique=2.0 * (1 + tol / 2), magnitude_shared=4.0 * (1 - tol / 2),
+                                 magnitude_unique_share=1 / 3 + tol / 2)
+    rounding["pairs"][0]["cosine"] = 1e-4 - tol / 2
+    rounding["tensors"][0]["diagnostics"]["magnitude"]["a"] = [2.0 + tol, 4.0 - 2 * tol]
+    rounding["tensors"][0]["diagnostics"]["pairs"][0][4:] = [1e-6 + 5 * tol, 4.0 + 2 * tol, 9.0 - 4 * tol]
+    assert folder_checks.report_differences(was, rounding) == []
+
+    def changed(edit) -> list[str]:
+        now = copy.deepcopy(was)
+        edit(now)
+        return folder_checks.report_differences(was, now)
+
+    pair = "tensors[0].diagnostics.pairs[0]"
+    assert [line.split(":")[0] for line in changed(lambda r: r["tensors"][0]["diagnostics"]["pairs"][0].__setitem__(
+        4, 1e-6 + 7 * tol))] == [f"{pair}[4]"]  # beyond sqrt(4 * 9) = 6 times the tolerance
+    assert changed(lambda r: r["pairs"][0].__setitem__("cosine", 1e-4 + 2 * tol))
+    assert changed(lambda r: r["agents"][0].__setitem__("magnitude_unique", 2.0 * (1 + 2 * tol)))
+    assert changed(lambda r: r["agents"][0].__setitem__("rho", 0.25 * (1 + tol / 10)))  # not a sum: exact
+    assert changed(lambda r: r["agents"][0].__setitem__("active", 8))
+    assert changed(lambda r: r["pairs"][0].__setitem__("common", 4))
+    assert changed(lambda r: r["tensors"][0]["diagnostics"]["pairs"][0].__setitem__(2, 4))
+    assert changed(lambda r: r["agents"][0].__setitem__("magnitude_unique", "2.0"))  # a string is not a float

@@ -144,6 +144,31 @@ def test_native_sums_keep_their_documented_order():
     assert other != magnitude and other_pairs != pair, "the case cannot tell one order from another"
 
 
+def test_native_sums_are_the_same_bits_for_any_thread_count():
+    """ram_stats.json's diagnostics are recounted by `verify`, maybe on a machine with another number of cores:
+    a tensor of several spans gives the same float64 sums on 1, 2 and 3 threads (float32 deltas of varied size,
+    whose sums in double depend on the order; the spans' split was once the thread count's)."""
+    if native.library() is None:
+        pytest.skip("no C compiler: the native kernel is unavailable")
+    g = torch.Generator().manual_seed(9)
+    numel = max(native._MIN_SPLIT, 2 * native.SPAN) + 3 * 2048 + 7  # several spans, split between threads
+    base = torch.randn(numel, generator=g) * 0.02
+    agents = [base + torch.where(torch.rand(numel, generator=g) < p, torch.randn(numel, generator=g) * 1e-3, 0.0)
+              for p in (0.2, 0.5, 0.8)]
+    before = torch.get_num_threads()
+    found = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            found.append(kernel.diagnose(base, agents, 1e-5))
+    finally:
+        torch.set_num_threads(before)
+    for other in found[1:]:
+        assert torch.equal(other.counts, found[0].counts) and torch.equal(other.pair_counts, found[0].pair_counts)
+        assert torch.equal(other.magnitude.view(torch.int64), found[0].magnitude.view(torch.int64))
+        assert torch.equal(other.pair_sums.view(torch.int64), found[0].pair_sums.view(torch.int64))
+
+
 def test_non_finite_input_is_named():
     base, agents = _case(torch.bfloat16, 2, numel=1000)
     agents[1][5] = float("nan")

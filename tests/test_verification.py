@@ -125,6 +125,27 @@ def test_verify_passes_on_merges_it_did_not_make(request, run_yaml, capsys, case
     assert read_stats(run.out)["merge"]["entry_point"] == "run_merge"
 
 
+def test_verify_without_the_compiled_kernel_passes_a_float32_merge(run_yaml, capsys, qwen_fp32, monkeypatch):
+    """A stranger's verify builds no kernel and counts with the torch one, whose float64 sums add in another order
+    than the compiled loops that counted the merge: the diagnostics' last bits differ (checked below), and verify
+    takes them to their rounding (`folder_checks.SUM_TOLERANCE`) instead of calling an honest merge different."""
+    from mergekit_ram import kernel, native
+
+    if native.library() is None:
+        pytest.skip("no C compiler: the merge would count with the torch kernel too")
+    run = run_yaml(config_text(qwen_fp32, ["A", "B", "C"], dtype="float32"))
+    monkeypatch.setenv("MERGEKIT_RAM_NATIVE", "0")
+    code, out, err = verify(run.out, capsys)
+    assert code == 0, out + err
+    assert "ram_stats.json's statistics" in out.strip().splitlines()[-1], out
+    base, agents = qwen_fp32.family.base, [qwen_fp32.family.agents[a] for a in "ABC"]
+    name = max(base, key=lambda k: base[k].numel())
+    torch_sums = kernel.diagnose(base[name], [a[name] for a in agents], 1e-5).pair_sums
+    monkeypatch.setenv("MERGEKIT_RAM_NATIVE", "1")
+    native_sums = kernel.diagnose(base[name], [a[name] for a in agents], 1e-5).pair_sums
+    assert not torch.equal(torch_sums, native_sums), "the case does not tell the two kernels' sums apart"
+
+
 def test_merge_record_names_the_options_that_change_the_merge(merged, qwen_bf16):
     from mergekit_ram import report
 

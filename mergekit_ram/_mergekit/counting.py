@@ -69,7 +69,8 @@ def cache_key(tasks: list[Any], seen: dict[str, dict], identify: Identify | None
     try:
         models = {m for t in tasks for m in t.model_order}
         parts = {
-            "kernel": "active=|tau|>eps; tau in float32 (float64 for float64 inputs)",
+            # the diagnostics' float64 sums: per span of native.SPAN entries (entries counted before had other bits)
+            "kernel": "active=|tau|>eps; tau in float32 (float64 for float64 inputs); sums per span of 2^18 entries",
             "models": {str(m): identity(m, seen, identify) for m in sorted(models, key=str)},
             "tensors": [
                 [

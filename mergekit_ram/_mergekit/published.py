@@ -75,7 +75,10 @@ def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: verdict.
         shown.append(f"ram_stats.json: {len(found) - SHOWN} more value(s) differ from the recomputed ones")
     outcome.files += shown
     if not found:
-        outcome.checked.append("ram_stats.json's statistics (recomputed: counts, densities, rho, lambda, diagnostics)")
+        outcome.checked.append(
+            "ram_stats.json's statistics (recomputed: counts, densities, rho, lambda, diagnostics; their float sums "
+            f"to {folder_checks.SUM_TOLERANCE:g} of their size, as kernels add in other orders)"
+        )
 
 
 def _card(folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
