@@ -18,7 +18,7 @@ from typing import Any
 
 from mergekit.graph import Task
 
-from mergekit_ram import cache, kernel, statistics
+from mergekit_ram import cache, kernel, native, statistics
 from mergekit_ram._mergekit import tasks as planned_tasks
 from mergekit_ram.errors import RamError
 
@@ -69,8 +69,8 @@ def cache_key(tasks: list[Any], seen: dict[str, dict], identify: Identify | None
     try:
         models = {m for t in tasks for m in t.model_order}
         parts = {
-            # the diagnostics' float64 sums: per span of native.SPAN entries (entries counted before had other bits)
-            "kernel": "active=|tau|>eps; tau in float32 (float64 for float64 inputs); sums per span of 2^18 entries",
+            "kernel": "active=|tau|>eps; tau in float32 (float64 for float64 inputs); diagnostics' sums per "
+            f"span of {native.SPAN} entries",  # entries counted with another split of the sums are counted again
             "models": {str(m): identity(m, seen, identify) for m in sorted(models, key=str)},
             "tensors": [
                 [
