@@ -202,13 +202,11 @@ def _ranges(n: int, split: bool | None = None):
 
 
 def _map(fn, n: int):
-    """fn(0) ... fn(n - 1) on at most torch's thread count of threads, results in order."""
     global _pool
-    workers = min(n, max(1, torch.get_num_threads()))
-    if workers == 1:
-        return [fn(i) for i in range(n)]
-    if _pool is None or _pool._max_workers < workers:
-        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mergekit-ram")
+    if n == 1:
+        return [fn(0)]
+    if _pool is None or _pool._max_workers < n:
+        _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="mergekit-ram")
     return list(_pool.map(fn, range(n)))
 
 
