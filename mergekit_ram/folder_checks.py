@@ -185,9 +185,10 @@ def weight_files(folder: str, choice: str) -> list[str]:
 # --------------------------------------------------------------------------- #
 # What the folder publishes against what the merge makes
 # --------------------------------------------------------------------------- #
-#: ram_stats.json's keys verify does not compare with the recomputed report: the versions (a note), where the
-#: counts came from, the merge record (read to plan), the inputs' labels and identities (checked apart)
-NOT_RECOMPUTED = frozenset({"versions", "statistics", "merge", "identity"})
+#: ram_stats.json's keys verify does not compare with the recomputed report: the versions and where mergekit-ram came
+#: from (the installation's, not the merge's: a note), where the counts came from, the merge record (read to plan),
+#: the inputs' labels and identities (checked apart)
+NOT_RECOMPUTED = frozenset({"versions", "mergekit_ram_source", "statistics", "merge", "identity"})
 
 
 #: How far a diagnostic float64 sum may lie from its recount, relative to its scale: the native loops, the torch

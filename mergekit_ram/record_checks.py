@@ -9,6 +9,7 @@ users import (it re-exports these).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -210,14 +211,22 @@ def recorded_inputs(report: dict) -> list[tuple[str, str, dict]]:
     return [(str(m), role, identity) for m, role, identity in rows]
 
 
-def version_notes(recorded: dict, installed: Mapping[str, str]) -> list[str]:
-    """A note per package whose installed version is not the recorded one (bits may differ then)."""
+def version_notes(recorded: dict, installed: Mapping[str, str], source: Mapping[str, str] | None = None) -> list[str]:
+    """A note per package whose installed version is not the recorded one (bits may differ then), and one when
+    this mergekit-ram came from elsewhere than the merge's (`source`: `report.installed_from()`)."""
     was = recorded.get("versions") or {}
-    return [
+    notes = [
         f"{name} {installed[name]} is installed; the merge was made with {was[name]} (a difference may come from that)"
         for name in sorted(installed)
         if was.get(name) and was[name] != installed[name]
     ]
+    made = recorded.get("mergekit_ram_source")
+    if source is not None and isinstance(made, dict) and made != dict(source):
+        notes.append(
+            f"this mergekit-ram came from {json.dumps(dict(source), sort_keys=True)}; the merge's from "
+            f"{json.dumps(made, sort_keys=True)[:200]} (a difference may come from that)"
+        )
+    return notes
 
 
 # --------------------------------------------------------------------------- #

@@ -146,6 +146,21 @@ def test_verify_without_the_compiled_kernel_passes_a_float32_merge(run_yaml, cap
     assert not torch.equal(torch_sums, native_sums), "the case does not tell the two kernels' sums apart"
 
 
+def test_verify_with_mergekit_ram_from_elsewhere_notes_it(merged, qwen_bf16, capsys, monkeypatch):
+    """Where mergekit-ram came from is the installation's, like its version: a stranger's wheel verifying a merge made
+    from a checkout is a note, not a difference (it was `ram_stats.json: mergekit_ram_source.commit ...`, exit 1)."""
+    from mergekit_ram import report
+
+    run = merged(config_text(qwen_bf16, ["A", "B"]))
+    elsewhere = {"installed_from": "index"}
+    assert read_stats(run.out)["mergekit_ram_source"] != elsewhere
+    monkeypatch.setattr(report, "installed_from", lambda: dict(elsewhere))
+    code, out, err = verify(run.out, capsys, "--json")
+    assert code == 0, out + err
+    notes = json.loads(out)["notes"]
+    assert any(n.startswith('this mergekit-ram came from {"installed_from": "index"}') for n in notes), notes
+
+
 def test_merge_record_names_the_options_that_change_the_merge(merged, qwen_bf16):
     from mergekit_ram import report
 

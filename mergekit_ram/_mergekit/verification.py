@@ -75,7 +75,8 @@ def verify(
         raise errors.NotVerifiable("mergekit-ram cannot verify: " + "; ".join(problems))
     copies = record_checks.local_copies(recorded, inputs or {})
     outcome.entry_point = record.get("entry_point")
-    outcome.notes += record_checks.version_notes(recorded, {n: versions.installed(n) for n in report.VERSIONED})
+    installed = {n: versions.installed(n) for n in report.VERSIONED}
+    outcome.notes += record_checks.version_notes(recorded, installed, report.installed_from())
     with cachedir.read_only():  # nothing written: no statistics cache entry, no kernel build
         try:
             _verify(folder, recorded, record, options, trust_remote_code, copies, outcome)
