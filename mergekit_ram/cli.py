@@ -249,15 +249,9 @@ def _verify(out_dir: Path, as_json: bool, options: Any, *, inputs: Sequence[str]
     from mergekit_ram import verdict
     from mergekit_ram._mergekit import verification
 
-    copies = {}
-    for pair in inputs:
-        recorded, sep, local = pair.partition("=")
-        if not sep or not recorded or not local:
-            raise _UsageError(f"--input {pair}: expected RECORDED=LOCAL (a recorded input and its local copy)")
-        copies[recorded] = local
     options.apply_global_options()
     try:
-        outcome = verification.verify(str(out_dir), options, trust_remote_code=trust, inputs=copies)
+        outcome = verification.verify(str(out_dir), options, trust_remote_code=trust, inputs=inputs)
     except errors.NotVerifiable as error:
         raise _UsageError(str(error)) from error
     except (errors.Unreadable, errors.InputError) as error:

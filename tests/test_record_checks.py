@@ -262,6 +262,29 @@ def test_local_copies_name_recorded_inputs_only(tmp_path):
         record_checks.local_copies(report, {"Q": str(tmp_path)})
 
 
+def test_input_pairs_split_after_a_recorded_name_holding_an_equals_sign(tmp_path):
+    """A sweep's folder (Hydra: `runs/lr=1e-5,seed=1/agent`) is a recorded name with `=` in it (issue 39, case 6)."""
+    sweep = "runs/lr=1e-5,seed=1/agent"
+    report = recorded_report()
+    report["agents"][0]["model"] = sweep
+    copy_ = tmp_path / "a=copy"
+    assert record_checks.input_pairs(report, [f"{sweep}={copy_}"]) == {sweep: str(copy_)}
+    assert record_checks.input_pairs(report, [f"B={copy_}"]) == {"B": str(copy_)}  # split at the first = otherwise
+    with pytest.raises(NotVerifiable, match="records no input runs/lr"):
+        record_checks.input_pairs(report, [f"runs/lr=1e-5,seed=2/agent={copy_}"])
+    with pytest.raises(NotVerifiable, match="expected RECORDED=LOCAL"):
+        record_checks.input_pairs(report, ["no-equals-sign"])
+
+
+def test_input_pairs_refuse_one_input_mapped_twice(tmp_path):
+    report = recorded_report()
+    with pytest.raises(NotVerifiable, match=f"--input maps A twice \\({tmp_path}/x and {tmp_path}/y\\)"):
+        record_checks.input_pairs(report, [f"A={tmp_path}/x", f"A={tmp_path}/y"])
+    report["agents"][1]["model"] = "A=b"  # "A=b=c" could be either input
+    with pytest.raises(NotVerifiable, match="begins with two recorded inputs, A and A=b"):
+        record_checks.input_pairs(report, ["A=b=c"])
+
+
 def test_a_copy_is_checked_by_its_content_not_where_it_came_from():
     recorded = {"content_id": HASH, "revision": "r1"}
     assert record_checks.check_identity("A", "agent", recorded, {"content_id": HASH}, copy="/local/A").status == "same"

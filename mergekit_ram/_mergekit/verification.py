@@ -28,7 +28,7 @@ Nothing is written: not into the folder or an input, not into the statistics cac
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from mergekit_ram import (
@@ -50,13 +50,13 @@ from mergekit_ram.session import active
 
 
 def verify(
-    folder: str, options: Any, *, trust_remote_code: bool = False, inputs: Mapping[str, str] | None = None
+    folder: str, options: Any, *, trust_remote_code: bool = False, inputs: Sequence[str] = ()
 ) -> verdict.Outcome:
     """Recompute the `ramplus` merge in `folder` and compare it tensor by tensor with what the folder holds.
 
     `trust_remote_code`: the user's own flag (a recorded one is evidence, never applied without it); `inputs`:
-    recorded input -> a local copy to read instead (`--input`). errors.NotVerifiable: a usage error (no
-    such folder, no ram_stats.json, another method's folder, an `inputs` key the record lacks).
+    `--input` values, "RECORDED=LOCAL": a recorded input read from a local copy. errors.NotVerifiable: a usage
+    error (no such folder, no ram_stats.json, another method's folder, an input the record lacks or mapped twice).
     errors.Unreadable: ram_stats.json cannot be read. Otherwise the outcome: identical, differing (named),
     or not checkable (why: an input missing or changed, a refused option or file, a file unreadable).
     """
@@ -73,7 +73,7 @@ def verify(
     problems = surface.problems(surface.PREPASS) + surface.problems(door) + surface.problems(surface.VERIFY)
     if problems:
         raise errors.NotVerifiable("mergekit-ram cannot verify: " + "; ".join(problems))
-    copies = record_checks.local_copies(recorded, inputs or {})
+    copies = record_checks.input_pairs(recorded, inputs)
     outcome.entry_point = record.get("entry_point")
     installed = {n: versions.installed(n) for n in report.VERSIONED}
     outcome.notes += record_checks.version_notes(recorded, installed, report.installed_from())

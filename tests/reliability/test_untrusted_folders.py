@@ -459,6 +459,21 @@ def test_an_input_the_record_does_not_name_is_a_usage_error(rel, merged, capsys,
     rel.names(err, "--input no-equals-sign: expected RECORDED=LOCAL")
 
 
+def test_an_input_recorded_under_a_sweep_folder_is_mapped_once(rel, qwen_bf16, run_yaml, tmp_path, capsys):
+    """A recorded name holding `=` (Hydra's `runs/lr=1e-5,seed=1/agent`) maps to its copy; two mappings of one
+    input are a usage error naming it (issue 39, case 6)."""
+    agent = Path(shutil.copytree(qwen_bf16.paths["A"], tmp_path / "runs" / "lr=1e-5,seed=1" / "agent"))
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), [agent, qwen_bf16.path("B")]), out=tmp_path / "o")
+    copy = tmp_path / "downloads" / "seed=1"
+    shutil.move(str(agent), str(copy))
+    rel.watch(run.out, copy)
+    code, text, err = _verify(capsys, run.out, "--input", f"{agent}={copy}")
+    assert code == 0 and "bit-identical" in text, text + err
+    code, text, err = _verify(capsys, run.out, "--input", f"{agent}={copy}", "--input", f"{agent}={tmp_path}")
+    assert code == 2 and text == "", text + err
+    rel.names(err, f"--input maps {agent} twice ({copy} and {tmp_path})")
+
+
 def test_a_mergekit_pytorch_input_read_from_a_local_copy(rel, flat_mlp, tmp_path, capsys):
     """The mergekit-pytorch door: the record names input files; --input maps one to a local copy."""
     private = tmp_path / "inputs"
