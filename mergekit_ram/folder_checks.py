@@ -1,23 +1,28 @@
 """The files of a folder `mergekit-ram verify` is given, read as a stranger's: on plain data, knowing nothing
 of mergekit.
 
-A published folder is untrusted. Its files are read only when they are regular files inside the folder (a
-link may point into the folder, or into a Hugging Face cache's `blobs` beside a snapshot); a FIFO, a device,
-a socket or a link leading elsewhere is refused by name without being opened, and no byte of a refused or
-unreadable file is echoed. JSON and YAML are read with a bounded size and nesting. What the loaders would
-read is named here: mergekit's choice of weight files and transformers' (`loader_choices`), which differ
-when a single file lies beside an index. The published statistics, `config.json` and copied files are
-compared with what the merge makes (`report_differences`, `config_differences`, `copied_files`).
+A published folder is untrusted. One rule for every file a loader reads, wherever it lies (the folder's own
+entries, the weight files an index names at any depth): it is opened only when it is a regular file inside
+the folder (a link may point into the folder, or into a hub cache's blobs beside a snapshot: `homes`); a
+FIFO, a device, a socket, a link leading elsewhere, dangling or looping is refused by name without being
+opened (`checked_path`, `check_files`), and no byte of a refused or unreadable file is echoed. Our own
+reads open with O_NONBLOCK and check the opened file again. JSON and YAML are read with a bounded size and
+nesting. What the loaders would read is named here: mergekit's, transformers' and transformers' without
+safetensors choice of weight files (`loader_choices`), the files beside them each loader reads (`BESIDE`),
+a PEFT adapter (`ADAPTER`), code (`is_code`). The published statistics, `config.json`, the card's RAM+ section
+and copied files are compared with what the merge makes (`report_differences`, `config_differences`,
+`card_problem`, `copied_files`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mergekit_ram.errors import Unreadable
@@ -29,6 +34,14 @@ TEXT_LIMIT = 16 << 20
 DEPTH = 64
 #: the weight files each loader looks for, in its order: (mergekit's from_disk, transformers' from_pretrained)
 SINGLE = ("model.safetensors", "pytorch_model.bin")
+#: what transformers' `from_pretrained` reads with `use_safetensors=False`, in its order
+PICKLED = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+#: a PEFT adapter: transformers' `from_pretrained` applies one it finds beside the weights whenever peft is
+#: importable (mergekit depends on it); a merge writes none
+ADAPTER = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+#: files beside the weights a loader reads: transformers' `from_pretrained` (config, generation config, a PEFT
+#: adapter) and a tokenizer's (the files mergekit copies, and the named chat templates of a subfolder)
+CHAT_TEMPLATES = "additional_chat_templates"
 #: files mergekit's `_copy_tokenizer` copies from the base (or the first model) byte for byte
 COPIED = (
     "tokenizer_config.json",
@@ -53,32 +66,42 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _homes(folder: str) -> list[str]:
-    """Where a link in `folder` may lead: the folder, and a hub cache's blobs beside a snapshot."""
+def homes(folder: str) -> list[str]:
+    """Where a file read from `folder` may lie, links resolved: the folder; for a Hugging Face hub cache's
+    snapshot (`.../models--org--name/snapshots/<revision>`, whose files are links to `../../blobs/<hash>`), also
+    its repository's `blobs`."""
     real = os.path.realpath(folder)
-    homes = [real]
-    if os.path.basename(os.path.dirname(folder)) == "snapshots":
-        homes.append(os.path.realpath(os.path.join(folder, "..", "..", "blobs")))
-    return homes
+    found = [real]
+    if os.path.basename(os.path.dirname(real)) == "snapshots":
+        found.append(os.path.join(os.path.dirname(os.path.dirname(real)), "blobs"))
+    return found
 
 
 def checked_path(folder: str, name: str) -> str:
-    """`folder/name`, if it is a regular file inside the folder (a link into it, or into a hub cache's blobs);
-    Unreadable naming it otherwise, without opening it. FileNotFoundError when there is none."""
+    """`folder/name` (`name` relative, at any depth) if it is a regular file inside the folder, links resolved
+    into it (or a hub cache's blobs: `homes`); Unreadable naming it otherwise, without opening it: absent, a
+    FIFO, a device, a socket, a folder, a name or link leading out of the folder, a dangling link, a loop."""
     path = os.path.join(folder, name)
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        target = os.path.realpath(path)
-        if not any(os.path.commonpath([home, target]) == home for home in _homes(folder)):
-            raise Unreadable(f"{path} is a link out of {folder}: not read")
+    if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir:
+        raise Unreadable(f"{path} lies outside {folder}: not read")
+    target = os.path.realpath(path)
+    if not any(os.path.commonpath([home, target]) == home for home in homes(folder)):
+        raise Unreadable(f"{path} is a link out of {folder}: not read")
+    try:
         st = os.stat(path)
+    except OSError as error:
+        link = os.path.islink(path) or target != os.path.abspath(path)
+        why = {errno.ENOENT: "a link to nothing" if link else "absent", errno.ELOOP: "a loop of links"}
+        said = why.get(error.errno or 0, error.strerror or "unreadable")
+        raise Unreadable(f"{path} is {said}: not read") from error
     if not stat.S_ISREG(st.st_mode):
         raise Unreadable(f"{path} is {_kind(st.st_mode)}: not read")
     return path
 
 
-def check_entries(folder: str) -> None:
-    """Every file directly in `folder` is one `checked_path` accepts (subfolders are not read)."""
+def check_files(folder: str, choices: Mapping[str, str]) -> None:
+    """Every entry directly in `folder` (subfolders aside) and every weight file a loader's choice (`choices`)
+    names, at any depth, is one `checked_path` accepts: before anything opens one."""
     for name in sorted(os.listdir(folder)):
         full = os.path.join(folder, name)
         if os.path.isdir(full) and not os.path.islink(full):
@@ -86,13 +109,16 @@ def check_entries(folder: str) -> None:
         if name.startswith(".") and name.endswith(".tmp"):
             continue  # a write in flight (ours, or mergekit's)
         checked_path(folder, name)
+    for choice in sorted(set(choices.values())):
+        for name in weight_files(folder, choice):
+            checked_path(folder, name)
 
 
 def read_bytes(folder: str, name: str, limit: int = TEXT_LIMIT) -> bytes:
     """The bytes of `folder/name` (`checked_path`), at most `limit`: Unreadable naming the file beyond that."""
     path = checked_path(folder, name)
-    try:
-        with open(path, "rb") as f:
+    try:  # O_NONBLOCK: a FIFO put there since the check is not waited for, and refused
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)), "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # changed since it was checked
                 raise Unreadable(f"{path} is not a regular file: not read")
             data = f.read(limit + 1)
@@ -149,9 +175,10 @@ def _check_depth(path: str, data: bytes, opening: bytes, closing: bytes) -> None
 # Which weight files the loaders read
 # --------------------------------------------------------------------------- #
 def loader_choices(folder: str) -> dict[str, str]:
-    """What each loader reads of `folder`: {"mergekit": file, "transformers": file}, each a single weight file
-    or an index (`ShardedTensorIndex.from_disk` prefers an index beside its single file; transformers'
-    `from_pretrained` prefers the single file, safetensors first). A loader that finds nothing is left out."""
+    """What each loader reads of `folder`: {"mergekit": file, "transformers": file, PICKLES: file}, each a single
+    weight file or an index (`ShardedTensorIndex.from_disk` prefers an index beside its single file;
+    transformers' `from_pretrained` prefers the single file, safetensors first; with `use_safetensors=False`,
+    it reads `PICKLED`). A loader that finds nothing is left out."""
     found = {}
     for single in SINGLE:
         index = single + ".index.json"
@@ -161,7 +188,14 @@ def loader_choices(folder: str) -> dict[str, str]:
             found["transformers"] = single if _exists(folder, single) else (index if _exists(folder, index) else "")
             if not found["transformers"]:
                 del found["transformers"]
+    pickled = next((name for name in PICKLED if _exists(folder, name)), None)
+    if pickled is not None:
+        found[PICKLES] = pickled
     return found
+
+
+#: the loader `loader_choices` names for transformers' `from_pretrained(..., use_safetensors=False)`
+PICKLES = "transformers with use_safetensors=False"
 
 
 def _exists(folder: str, name: str) -> bool:
@@ -169,7 +203,7 @@ def _exists(folder: str, name: str) -> bool:
 
 
 def weight_files(folder: str, choice: str) -> list[str]:
-    """The weight files `choice` (a single file or an index) names, relative to `folder`."""
+    """The weight files `choice` (a single file or an index) names, relative to `folder` (at any depth), each once."""
     if not choice.endswith(".index.json"):
         return [choice]
     index = read_json(folder, choice)
@@ -177,9 +211,39 @@ def weight_files(folder: str, choice: str) -> list[str]:
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise Unreadable(f"{os.path.join(folder, choice)} has no weight_map of file names: is the folder damaged?")
     for name in set(weight_map.values()):
-        if os.path.isabs(name) or os.path.normpath(name).startswith(".."):
+        if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir:
             raise Unreadable(f"{os.path.join(folder, choice)} names a weight file outside {folder}: not read")
     return sorted(set(weight_map.values()))
+
+
+def beside(folder: str) -> list[str]:
+    """The files beside the weights that a loader reads, present in `folder` (relative paths): `config.json`,
+    `generation_config.json` and a PEFT adapter (transformers' `from_pretrained`), the tokenizer's files
+    mergekit copies (`COPIED`) and its named chat templates (`additional_chat_templates/*.jinja`)."""
+    names = [n for n in ("config.json", *COPIED, *ADAPTER) if _exists(folder, n)]
+    templates = os.path.join(folder, CHAT_TEMPLATES)
+    if os.path.isdir(templates) and not os.path.islink(templates):
+        names += [f"{CHAT_TEMPLATES}/{n}" for n in sorted(os.listdir(templates)) if n.endswith(".jinja")]
+    return names
+
+
+def is_code(name: str) -> bool:
+    """A Python file: code transformers runs from the folder with `trust_remote_code` (a config's `auto_map`, a
+    `custom_generate/`); a merge writes none."""
+    return name.endswith(".py")
+
+
+def files_under(folder: str, limit: int = 10_000) -> list[str]:
+    """Every file under `folder` (relative paths; links not followed into folders), at most `limit`."""
+    found: list[str] = []
+    for top, dirs, names in os.walk(folder):
+        dirs.sort()
+        rel = os.path.relpath(top, folder)
+        found += [name if rel == "." else os.path.join(rel, name) for name in sorted(names)]
+        found += [os.path.join(rel, d) if rel != "." else d for d in dirs if os.path.islink(os.path.join(top, d))]
+        if len(found) >= limit:
+            return found[:limit]
+    return found
 
 
 # --------------------------------------------------------------------------- #
@@ -267,12 +331,87 @@ def config_differences(published: Mapping[str, Any], expected: Mapping[str, Any]
     return found
 
 
-def copied_files(folder: str, donor: str) -> tuple[list[str], list[str]]:
-    """The files of `COPIED` in `folder` that mergekit copies from `donor` (a local folder): (identical to the
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+_ATX = re.compile(r" {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
+_SETEXT = re.compile(r" {0,3}(=+|-+)[ \t]*$")
+_TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]*)\b[^>]*?(/?)>")
+#: HTML elements without content (never left open)
+_VOID = frozenset(
+    ("area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr")
+)
+#: what can hide a card's text from a reader while every element is closed
+_HIDING = ("<style", "<script")
+
+
+def card_problem(text: str, section: str) -> str | None:
+    """None when the card `text` holds exactly one RAM+ section where a reader sees it (not in an HTML comment,
+    a code block or an HTML element left open before it; no <style> or <script>), and that section (its heading
+    to the next heading of its level or above) is `section`, the one the merge writes. Else what is wrong."""
+    lines = _COMMENT.sub("", text).split("\n")
+    fence: str | None = None
+    headings: list[tuple[int, int]] = []  # (line, level) of every heading a reader sees, outside code
+    found = []  # the RAM+ sections' first lines
+    for i, line in enumerate(lines):
+        opening = _FENCE.match(line)
+        if fence is not None:
+            if opening and opening.group(1)[0] == fence[0] and len(opening.group(1)) >= len(fence):
+                fence = None
+            continue
+        if opening:
+            fence = opening.group(1)
+            continue
+        atx = _ATX.match(line)
+        setext = i > 0 and _SETEXT.match(line) and lines[i - 1].strip() and not _ATX.match(lines[i - 1])
+        if atx:
+            headings.append((i, len(atx.group(1))))
+            title = (atx.group(2) or "").strip()
+        elif setext:
+            headings.append((i - 1, 1 if line.strip()[0] == "=" else 2))
+            title = lines[i - 1].strip()
+        else:
+            continue
+        if title.lower() == "ram+ statistics":
+            found.append(headings[-1][0])
+    if not found:
+        return "it has no RAM+ statistics section a reader sees, which the merge writes"
+    if len(found) > 1:
+        return f"it has {len(found)} RAM+ statistics sections a reader sees; the merge writes one"
+    start = found[0]
+    open_elements = _open_elements("\n".join(lines[:start]))
+    if open_elements:
+        return f"its RAM+ statistics section lies inside <{open_elements[0]}>, left open before it"
+    visible = "\n".join(lines).lower()
+    hiding = [tag for tag in _HIDING if tag in visible]
+    if hiding:
+        return f"it carries {hiding[0]}>, which can hide its RAM+ statistics section"
+    level = next(lvl for i, lvl in headings if i == start)
+    stop = next((i for i, lvl in headings if i > start and lvl <= level), len(lines))
+    if "\n".join(lines[start:stop]).strip() != section.strip():
+        return "its RAM+ statistics section is not the one this merge writes"
+    return None
+
+
+def _open_elements(html: str) -> list[str]:
+    """The HTML elements `html` opens and does not close (void ones aside), innermost last."""
+    stack: list[str] = []
+    for closing, name, self_closing in _TAG.findall(html):
+        name = name.lower()
+        if name in _VOID or self_closing:
+            continue
+        if not closing:
+            stack.append(name)
+        elif name in stack:
+            del stack[len(stack) - 1 - stack[::-1].index(name) :]
+    return stack
+
+
+def copied_files(folder: str, donor: str, names: Sequence[str] = COPIED) -> tuple[list[str], list[str]]:
+    """The files of `names` in `folder` that mergekit copies from `donor` (a local folder): (identical to the
     donor's, differing from it). A file the donor lacks is in neither."""
     same: list[str] = []
     differ: list[str] = []
-    for name in COPIED:
+    for name in names:
         if not _exists(folder, name) or not os.path.isfile(os.path.join(donor, name)):
             continue
         ours = read_bytes(folder, name, JSON_LIMIT)
@@ -319,30 +458,40 @@ def _load(folder: str, name: str) -> set[str]:
     return _Weights(folder, name).names
 
 
-def other_view_differences(folder: str, choices: Mapping[str, str]) -> tuple[list[str], str | None]:
-    """When transformers would load other weight files than mergekit reads (a single file beside an index), the
-    tensors transformers loads against those mergekit reads (which verify compared with the merge): (one line per
-    finding, what was checked)."""
+def other_view_differences(folder: str, choices: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """Where a loader reads other weight files than mergekit does (transformers a single file beside an index, or
+    pickles with `use_safetensors=False`), the tensors it loads against those mergekit reads (which verify compared
+    with the merge): (one line per finding, what was checked)."""
     from mergekit_ram.bitwise import compare
 
-    ours, theirs = choices.get("mergekit"), choices.get("transformers")
-    if not ours or not theirs or ours == theirs:
-        return [], None
-    seen, read = tensor_files(folder, ours), tensor_files(folder, theirs)
-    said = f"{theirs} (what transformers' from_pretrained loads; mergekit reads {ours})"
-    found = [f"{said} lacks {n}" for n in sorted(set(seen) - set(read))[:3]]
-    found += [f"{said} holds {n}, which mergekit does not read" for n in sorted(set(read) - set(seen))[:3]]
+    ours = choices.get("mergekit")
+    found: list[str] = []
+    checked: list[str] = []
+    seen = tensor_files(folder, ours) if ours else {}
     loaded: dict[str, _Weights] = {}
-    differing = []
-    for name in sorted(set(seen) & set(read)):
-        for file in (seen[name], read[name]):
-            if file not in loaded:
-                loaded[file] = _Weights(folder, file)
-        if not compare(name, loaded[seen[name]].get(name), loaded[read[name]].get(name)).identical:
-            differing.append(name)
-    if differing:
-        found.append(f"{said}: {len(differing)} tensor(s) differ from those mergekit reads, first {differing[0]}")
-    return found, f"{theirs}, which transformers loads instead of {ours}"
+    for theirs in sorted({c for loader, c in choices.items() if loader != "mergekit" and c != ours}):
+        who = [loader for loader, choice in choices.items() if choice == theirs]
+        said = f"{theirs} (what {' and '.join(_LOADERS[w] for w in who)} loads; mergekit reads {ours})"
+        read = tensor_files(folder, theirs)
+        before = len(found)
+        found += [f"{said} lacks {n}" for n in sorted(set(seen) - set(read))[:3]]
+        found += [f"{said} holds {n}, which mergekit does not read" for n in sorted(set(read) - set(seen))[:3]]
+        differing = []
+        for name in sorted(set(seen) & set(read)):
+            for file in (seen[name], read[name]):
+                if file not in loaded:
+                    loaded[file] = _Weights(folder, file)
+            if not compare(name, loaded[seen[name]].get(name), loaded[read[name]].get(name)).identical:
+                differing.append(name)
+        if differing:
+            found.append(f"{said}: {len(differing)} tensor(s) differ from those mergekit reads, first {differing[0]}")
+        if len(found) == before:
+            checked.append(f"{theirs}, which {' and '.join(who)} loads instead of {ours}")
+    return found, checked
+
+
+_LOADERS = {"transformers": "transformers' from_pretrained", PICKLES: "transformers' from_pretrained with "
+            "use_safetensors=False"}  # fmt: skip
 
 
 def pickles(folder: str, choices: Mapping[str, str]) -> list[str]:

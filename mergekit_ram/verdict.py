@@ -30,11 +30,14 @@ JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/ver
 - `checked[]`, `not_checked[]`: what was checked, and what was not (files no check covers, and why);
 - `problems[]`: every finding as one line of text (what the text output prints);
 - `notes[]`: what does not decide the result (versions differing from the recorded ones, ...).
+
+Every exit but a usage error's prints this JSON; a NaN or infinity anywhere in it (a record's value) is a string.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +169,18 @@ class Outcome:
         }
         if self.error is not None:
             out["error"] = self.error
-        return out
+        return _strict(out)
+
+
+def _strict(value: Any) -> Any:
+    """`value` as strict JSON holds it: a float NaN or infinity (a stranger's record may hold one) as a string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf"
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(item) for item in value]
+    return value
 
 
 def dumps(outcome: Outcome) -> str:

@@ -325,7 +325,7 @@ def test_folder_checks_refuse_special_files_links_out_and_depth(tmp_path):
     with pytest.raises(Unreadable, match="larger than"):
         folder_checks.read_bytes(str(tmp_path), "big.json", limit=2048)
     with pytest.raises(Unreadable, match="fifo.json is a FIFO"):
-        folder_checks.check_entries(str(tmp_path))
+        folder_checks.check_files(str(tmp_path), {})
 
 
 def test_hub_snapshot_links_into_blobs_are_read(tmp_path):
@@ -341,21 +341,29 @@ def test_hub_snapshot_links_into_blobs_are_read(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "present, mergekit, transformers",
+    "present, mergekit, transformers, pickles",
     [
-        (["model.safetensors"], "model.safetensors", "model.safetensors"),
-        (["model.safetensors.index.json"], "model.safetensors.index.json", "model.safetensors.index.json"),
-        (["model.safetensors", "model.safetensors.index.json"], "model.safetensors.index.json", "model.safetensors"),
-        (["pytorch_model.bin", "pytorch_model.bin.index.json"], "pytorch_model.bin.index.json", "pytorch_model.bin"),
-        (["pytorch_model.bin", "model.safetensors"], "model.safetensors", "model.safetensors"),
+        (["model.safetensors"], "model.safetensors", "model.safetensors", None),
+        (["model.safetensors.index.json"], "model.safetensors.index.json", "model.safetensors.index.json", None),
+        (["model.safetensors", "model.safetensors.index.json"], "model.safetensors.index.json", "model.safetensors",
+         None),
+        (["pytorch_model.bin", "pytorch_model.bin.index.json"], "pytorch_model.bin.index.json", "pytorch_model.bin",
+         "pytorch_model.bin"),
+        (["pytorch_model.bin", "model.safetensors"], "model.safetensors", "model.safetensors", "pytorch_model.bin"),
+        (["pytorch_model.bin.index.json", "model.safetensors"], "model.safetensors", "model.safetensors",
+         "pytorch_model.bin.index.json"),
     ],
-)
-def test_which_weight_files_each_loader_reads(tmp_path, present, mergekit, transformers):
+)  # fmt: skip
+def test_which_weight_files_each_loader_reads(tmp_path, present, mergekit, transformers, pickles):
+    """mergekit's from_disk, transformers' from_pretrained, and from_pretrained with use_safetensors=False."""
     from mergekit_ram import folder_checks
 
     for name in present:
         (tmp_path / name).write_text("{}", encoding="utf-8")
-    assert folder_checks.loader_choices(str(tmp_path)) == {"mergekit": mergekit, "transformers": transformers}
+    expected = {"mergekit": mergekit, "transformers": transformers}
+    if pickles:
+        expected[folder_checks.PICKLES] = pickles
+    assert folder_checks.loader_choices(str(tmp_path)) == expected
 
 
 def test_report_differences_name_each_leaf_but_versions_and_identities():

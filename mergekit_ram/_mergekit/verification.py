@@ -80,16 +80,19 @@ def verify(
     with cachedir.read_only():  # nothing written: no statistics cache entry, no kernel build
         try:
             _verify(folder, recorded, record, options, trust_remote_code, copies, outcome)
-        except (errors.Unreadable, InputError) as error:
+        except (errors.Unreadable, InputError, OSError) as error:
             outcome.error = " ".join(str(error).split()) or type(error).__name__
+        except MemoryError as error:  # an address-space limit (ulimit -v) below what mapping a file needs
+            outcome.error = f"out of memory while checking {folder} ({' '.join(str(error).split()) or 'MemoryError'})"
     return outcome
 
 
 def _verify(
     folder: str, recorded: dict, record: dict, options: Any, trust: bool, copies: dict[str, str], outcome: Any
 ) -> None:
-    folder_checks.check_entries(folder)  # no FIFO, device or link out of the folder is ever opened
-    pickled = folder_checks.pickles(folder, folder_checks.loader_choices(folder))
+    choices = folder_checks.loader_choices(folder)
+    folder_checks.check_files(folder, choices)  # no FIFO, device or link out of the folder is ever opened
+    pickled = folder_checks.pickles(folder, choices)
     if pickled and record_checks.forced_unsafe():
         outcome.cannot_check.append(
             f"{pickled[0]} is a pickle and {input_checks.FORCE_UNSAFE} is set: mergekit's loader would unpickle it "
@@ -178,6 +181,7 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
         out_config=planner.out_model_config,
         merge_config=config,
         donor=LoaderCache().get(donor).index.base_path if donor.lora is None else None,
+        code=bool(options.trust_remote_code),
     )
 
 
