@@ -51,6 +51,15 @@ class NonFiniteInputError(RamError):
     """An input tensor holds NaN or Inf; merging it would spread NaN silently."""
 
 
+class NonFiniteResultError(RamError):
+    """A merge of finite inputs whose result is not finite in the dtype it is written in (lambda scaled an update
+    past that dtype's largest value): stopped before the tensor is written. `tensor`: its name."""
+
+    def __init__(self, message: str, tensor: str | None = None):
+        super().__init__(message)
+        self.tensor = tensor
+
+
 class RhoUnavailable(RamError, RuntimeError):
     """r > 0 without rho for an agent and no statistics pass to count it (mergekit's per-tensor API, or a
     mergekit whose insides changed): the message says what to give instead."""

@@ -637,6 +637,34 @@ def test_text_of_the_users_outside_the_section_is_the_users(rel, merged, qwen_bf
     assert code == 0 and "the card's RAM+ section" in text, text + err
 
 
+def test_a_published_tensor_the_merge_now_refuses_is_named(rel, qwen_bf16, make_model, run_yaml, tmp_path, capsys,
+                                                           monkeypatch):  # fmt: skip
+    """A folder an earlier mergekit-ram wrote with inf from finite inputs (float16, lambda past 65,504): the merge
+    now stops there, so the folder is not what it records (before: "bit-identical", exit 0; issue 39, case 4)."""
+    from mergekit_ram import kernel
+
+    fam = qwen_bf16.family
+    name = "model.layers.1.mlp.down_proj.weight"
+    half = lambda sd: {k: v.to(torch.float16) for k, v in sd.items()}  # noqa: E731
+    a = half(fam.agents["A"])
+    a[name].view(-1)[7] = 64992.0
+    b = half(fam.agents["B"])
+    b[name].view(-1)[7] = half(fam.base)[name].view(-1)[7]
+    paths = [make_model(f"published-inf-{who}", sd, dtype=torch.float16)
+             for who, sd in (("base", half(fam.base)), ("A", a), ("B", b))]  # fmt: skip
+    with monkeypatch.context() as m:  # as before issue 39: the result written, inf and all
+        m.setattr(kernel, "_raise_non_finite_result", lambda *args: None)
+        run = run_yaml(config_yaml(paths[0], paths[1:], parameters={"r": 1.0}, dtype="float16"), out=tmp_path / "o")
+    assert torch.isinf(load_file(str(run.out / "model.safetensors"))[name]).any()
+    rel.watch(run.out, *paths)
+    code, text, err = _verify(capsys, run.out)
+    assert code == 1, text + err
+    rel.names(_differs(text, run.out), f"not finite: {name}: tensor {name}: the merge of finite inputs is not finite "
+              f"in float16", f"only {paths[1]} changed it", "verify stopped here, as the merge does")  # fmt: skip
+    found = json.loads(_verify(capsys, run.out, "--json")[1])
+    assert found["exit_code"] == 1 and found["tensors"][0]["status"] == "not finite"
+
+
 def test_a_non_finite_recorded_value_still_prints_json(rel, merged, qwen_bf16, capsys):
     """Before: --json exited 2 with "Out of range float values are not JSON compliant" (issue 39, case 5)."""
     _edit_stats(merged, lambda d: d["agents"][0]["identity"].update(content_id=float("nan")))
