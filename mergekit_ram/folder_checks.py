@@ -222,7 +222,9 @@ def beside(folder: str) -> list[str]:
     mergekit copies (`COPIED`) and its named chat templates (`additional_chat_templates/*.jinja`)."""
     names = [n for n in ("config.json", *COPIED, *ADAPTER) if _exists(folder, n)]
     templates = os.path.join(folder, CHAT_TEMPLATES)
-    if os.path.isdir(templates) and not os.path.islink(templates):
+    if os.path.islink(templates):
+        names.append(CHAT_TEMPLATES)  # a loader follows it: named whole, never listed
+    elif os.path.isdir(templates):
         names += [f"{CHAT_TEMPLATES}/{n}" for n in sorted(os.listdir(templates)) if n.endswith(".jinja")]
     return names
 
