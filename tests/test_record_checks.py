@@ -367,23 +367,23 @@ def test_which_weight_files_each_loader_reads(tmp_path, present, mergekit, trans
 
 
 def test_report_differences_name_each_leaf_but_versions_and_identities():
-    from mergekit_ram import folder_checks
+    from mergekit_ram import published_checks
 
     was = recorded_report()
     now = copy.deepcopy(was)
     now["agents"][0]["rho"] = 0.3
     now["versions"] = {"mergekit": "9"}
     now["agents"][0]["identity"] = {}
-    assert folder_checks.report_differences(was, now) == ["agents[0].rho: ram_stats.json records 0.25, recomputed 0.3"]
+    assert published_checks.report_differences(was, now) == ["agents[0].rho: ram_stats.json records 0.25, recomputed 0.3"]
 
 
 def test_report_differences_take_diagnostic_sums_to_their_rounding_and_all_else_exactly():
     """Another kernel, device or thread count adds a diagnostic's float64 sum in another order: its last bits may
     differ (verify on a machine without the compiled kernel did report an honest float32 merge as differing). Such
     a sum is the same within SUM_TOLERANCE of its scale; a larger change, and any count or rho, is a difference."""
-    from mergekit_ram import folder_checks
+    from mergekit_ram import published_checks
 
-    tol = folder_checks.SUM_TOLERANCE
+    tol = published_checks.SUM_TOLERANCE
     was = {
         "agents": [{"magnitude_unique": 2.0, "magnitude_shared": 4.0, "magnitude_unique_share": 1 / 3, "rho": 0.25,
                     "active": 7}],
@@ -396,12 +396,12 @@ def test_report_differences_take_diagnostic_sums_to_their_rounding_and_all_else_
     rounding["pairs"][0]["cosine"] = 1e-4 - tol / 2
     rounding["tensors"][0]["diagnostics"]["magnitude"]["a"] = [2.0 + tol, 4.0 - 2 * tol]
     rounding["tensors"][0]["diagnostics"]["pairs"][0][4:] = [1e-6 + 5 * tol, 4.0 + 2 * tol, 9.0 - 4 * tol]
-    assert folder_checks.report_differences(was, rounding) == []
+    assert published_checks.report_differences(was, rounding) == []
 
     def changed(edit) -> list[str]:
         now = copy.deepcopy(was)
         edit(now)
-        return folder_checks.report_differences(was, now)
+        return published_checks.report_differences(was, now)
 
     pair = "tensors[0].diagnostics.pairs[0]"
     assert [line.split(":")[0] for line in changed(lambda r: r["tensors"][0]["diagnostics"]["pairs"][0].__setitem__(

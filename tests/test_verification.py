@@ -128,7 +128,7 @@ def test_verify_passes_on_merges_it_did_not_make(request, run_yaml, capsys, case
 def test_verify_without_the_compiled_kernel_passes_a_float32_merge(run_yaml, capsys, qwen_fp32, monkeypatch):
     """A stranger's verify builds no kernel and counts with the torch one, whose float64 sums add in another order
     than the compiled loops that counted the merge: the diagnostics' last bits differ (checked below), and verify
-    takes them to their rounding (`folder_checks.SUM_TOLERANCE`) instead of calling an honest merge different."""
+    takes them to their rounding (`published_checks.SUM_TOLERANCE`) instead of calling an honest merge different."""
     from mergekit_ram import kernel, native
 
     if native.library() is None:

@@ -7,7 +7,7 @@ config files against the base's when mergekit copies them byte for byte; the wei
 reads when they are not those mergekit reads (a single file beside an index, pickles beside safetensors). A
 file a loader reads that the merge does not write (a PEFT adapter, code, a tokenizer file the base lacks) is
 a difference. "Not checked" names only the files no loader reads, and a tokenizer the merge built (not
-copied), which verify does not build again. The judging is `folder_checks`', on plain data.
+copied), which verify does not build again. The judging is `folder_checks`' and `published_checks`', on plain data.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import os
 from typing import Any
 
-from mergekit_ram import folder_checks, output_checks, record_checks, report, verdict, versions
+from mergekit_ram import folder_checks, output_checks, published_checks, record_checks, report, verdict, versions
 
 #: files verify reads to plan and compare (checked on their own)
 RECORDS = (output_checks.STATS_FILE, record_checks.CONFIG_FILE)
@@ -47,7 +47,7 @@ def check(
     )
     for choice in choices.values():
         covered |= {choice, *folder_checks.weight_files(folder, choice)}
-    found, seen = folder_checks.other_view_differences(folder, choices)
+    found, seen = published_checks.other_view_differences(folder, choices)
     outcome.files += found
     outcome.checked += [f"{line} (the same tensors)" for line in seen]
     _statistics(folder, recorded, recomputed, outcome)
@@ -71,22 +71,25 @@ def check(
     _code(folder, [name for name in rest if folder_checks.is_code(name)], donor if code else None, outcome)
     rest = [name for name in rest if not folder_checks.is_code(name)]
     if rest:
-        shown = ", ".join(rest[:10]) + (f" and {len(rest) - 10} more" if len(rest) > 10 else "")
-        outcome.not_checked.append(f"{shown} (no loader reads them as part of the model)")
+        outcome.not_checked.append(f"{_listed(rest, 10)} (no loader reads them as part of the model)")
+
+
+def _listed(names: list[str], limit: int) -> str:
+    """The first `limit` of `names`, and how many more."""
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _code(folder: str, found: list[str], donor: str | None, outcome: verdict.Outcome) -> None:
     """Python files: code transformers runs with trust_remote_code. A merge run with it writes the donor's config
     module beside its config (transformers' `save_pretrained`): a copy of the donor's (`donor`) is checked; any
     other is not the merge's."""
-    same = folder_checks.copied_files(folder, donor, found)[0] if donor else []
+    same = published_checks.copied_files(folder, donor, found)[0] if donor else []
     if same:
         outcome.checked.append(f"{', '.join(same)} (copies of {donor}'s code, as the merge writes with its config)")
     other = [name for name in found if name not in same]
     if other:
-        shown = ", ".join(other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
         outcome.files.append(
-            f"{shown}: Python code, which transformers runs with trust_remote_code (a config's auto_map, "
+            f"{_listed(other, 3)}: Python code, which transformers runs with trust_remote_code (a config's auto_map, "
             "custom_generate/); the merge writes no such file"
         )
 
@@ -96,7 +99,7 @@ NOT_WRITTEN = "a loader reads it, and the merge writes none"
 
 
 def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: verdict.Outcome) -> None:
-    found = folder_checks.report_differences(recorded, json.loads(report.dumps(recomputed)))
+    found = published_checks.report_differences(recorded, json.loads(report.dumps(recomputed)))
     was = (recorded.get("versions") or {}).get("mergekit-ram") if isinstance(recorded.get("versions"), dict) else None
     now = versions.installed("mergekit-ram")
     if was and was != now:  # another mergekit-ram writes other keys: only a value that differs is a difference
@@ -111,13 +114,13 @@ def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: verdict.
     if not found:
         outcome.checked.append(
             "ram_stats.json's statistics (recomputed: counts, densities, rho, lambda, diagnostics; their float sums "
-            f"to {folder_checks.SUM_TOLERANCE:g} of their size, as kernels add in other orders)"
+            f"to {published_checks.SUM_TOLERANCE:g} of their size, as kernels add in other orders)"
         )
 
 
 def _card(folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
     """The card holds exactly one RAM+ section, outside comments, code and HTML, the one a merge of this report
-    writes (`folder_checks.card_problem`)."""
+    writes (`published_checks.card_problem`)."""
     if not os.path.lexists(os.path.join(folder, "README.md")):
         outcome.not_checked.append("the model card (no README.md)")
         return
@@ -127,7 +130,7 @@ def _card(folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
     except (KeyError, TypeError, ValueError, AttributeError):
         outcome.files.append("README.md: ram_stats.json cannot make its RAM+ section (its versions are damaged)")
         return
-    problem = folder_checks.card_problem(text, section)
+    problem = published_checks.card_problem(text, section)
     if problem is None:
         outcome.checked.append("the card's RAM+ section")
     else:
@@ -161,8 +164,8 @@ def _config(folder: str, out_config: Any, merge_config: Any, outcome: verdict.Ou
     for key in unchecked:
         found.pop(key, None)
         expected.pop(key, None)
-    differ = folder_checks.config_differences(found, expected)
-    written = folder_checks.config_differences(
+    differ = published_checks.config_differences(found, expected)
+    written = published_checks.config_differences(
         {k: v for k, v in raw.items() if k not in unchecked}, expected, only=True
     )
     said = {line.split(" is ")[0] for line in differ}
@@ -211,7 +214,7 @@ def _copied(folder: str, present: list[str], merge_config: Any, donor: str | Non
             )
         return
     assert donor is not None
-    same, differ = folder_checks.copied_files(folder, donor)
+    same, differ = published_checks.copied_files(folder, donor)
     outcome.files += [f"{name}: not the base's ({donor}), which the merge copies" for name in differ]
     if same:
         outcome.checked.append(f"{', '.join(same)} (copies of the base's)")
