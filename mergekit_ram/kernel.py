@@ -368,11 +368,11 @@ def _raise_non_finite_result(base, agents, lambdas, epsilon, out, names, tensor_
     else:
         why = f"no agent changed it, and the base's value {b:g} is too large"
     where = f"tensor {tensor_name}" if tensor_name else "the tensor"
-    wider = _WIDER.get(out.dtype, "a wider dtype")
+    wider = _WIDER.get(out.dtype)
+    fix = f"in a wider dtype (`dtype` or `out_dtype: {wider}`) or with a smaller `r`" if wider else "with a smaller `r`"
     raise NonFiniteResultError(
         f"{where}: the merge of finite inputs is not finite in {dtype} at {count:,} entr{'y' if count == 1 else 'ies'}"
-        f"; at entry {index}, {why}, beyond {dtype}'s largest value {torch.finfo(out.dtype).max:g}. Merge in a "
-        f"wider dtype (`dtype` or `out_dtype: {wider}`) or with a smaller `r`",
+        f"; at entry {index}, {why}, beyond {dtype}'s largest value {torch.finfo(out.dtype).max:g}. Merge {fix}",
         tensor=tensor_name,
     )
 
