@@ -179,8 +179,9 @@ def test_read_only_inputs_merge(rel, read_only, run_yaml):
 
 
 def test_output_folder_holding_an_earlier_merge(rel, qwen_bf16, run_yaml, tmp_path, caplog):
-    """A rerun into a finished merge's folder (another r) replaces it; its ram_stats.json is
-    removed first, so an interrupted rerun could not pass for finished."""
+    """A rerun into a finished merge's folder (another r) replaces it, naming what it replaces in one warning (an r
+    sweep into one folder lost its results without a word); its ram_stats.json is removed first, so an
+    interrupted rerun could not pass for finished."""
     agents = [qwen_bf16.path("A"), qwen_bf16.path("B")]
     out = tmp_path / "o"
     rel.watch(*qwen_bf16.paths.values())
@@ -192,6 +193,10 @@ def test_output_folder_holding_an_earlier_merge(rel, qwen_bf16, run_yaml, tmp_pa
     assert any("already holds model.safetensors" in r.getMessage() for r in caplog.records)  # said, as INFO
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not [m for m in warned if "remov" in m], warned  # the rerun writes every file again: nothing removed
+    (replaced,) = [m for m in warned if "replaces" in m]  # one line: the earlier merge's r, alpha and inputs
+    assert "\n" not in replaced
+    rel.names(replaced, f"replaces the earlier ramplus merge in {out}", "r=0.1", "alpha=2.0",
+              f"base {qwen_bf16.path('base')}", f"agents {agents[0]}, {agents[1]}")  # fmt: skip
     assert json.loads((out / "ram_stats.json").read_text())["parameters"]["r"] == 0.3
     assert (out / "notes.txt").read_text() == "mine"
     finished(out)

@@ -109,7 +109,8 @@ def test_other_method_into_a_ramplus_folder_drops_its_ram_stats(rel, qwen_bf16, 
     run = run_yaml(_task_arithmetic(qwen_bf16, agents), out=out)
     assert "ram_stats.json" not in run.files
     rel.names(
-        next(m for m in (r.getMessage() for r in caplog.records) if "ram_stats.json" in m), out / "ram_stats.json"
+        next(m for m in (r.getMessage() for r in caplog.records) if "ram_stats.json" in m), out / "ram_stats.json",
+        "r=0.1, alpha=2.0", f"agents {agents[0]}, {agents[1]}",  # what the merge replaces (issue 43)
     )
     fresh = run_yaml(_task_arithmetic(qwen_bf16, agents), out=tmp_path / "fresh")
     try:
