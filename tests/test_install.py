@@ -364,3 +364,45 @@ def test_readme_install_lines_name_what_they_claim():
         if re.search(r"torch==[\d.]+", sentence) and re.search(r"\bCPU\b", sentence):
             assert "CUDA" in sentence or "whl/cpu" in sentence, sentence
     assert "pins the CPU build" not in text
+
+
+# --------------------------------------------------------------------------- #
+# The suite's extra installs what the suite needs; the policies stack is its own (issue 43)
+# --------------------------------------------------------------------------- #
+def _extras() -> dict[str, list[str]]:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_the_test_extra_leaves_the_policies_stack_out_and_ci_runs_it():
+    """`pip install torch==2.13.0 -e ".[test]"` installed metaworld, mujoco, gymnasium and stable-baselines3 (86
+    packages, 1.8 GB) for the policies benchmark's tests: they are the `policies` extra, and one CI stage
+    installs it and runs them."""
+    extras = _extras()
+    policies = {_name(r) for r in extras["policies"]} - {"packaging"}
+    assert {"metaworld", "mujoco", "gymnasium", "stable-baselines3"} <= policies
+    test = {_name(r) for r in extras["test"]}
+    assert not test & policies and not any(r.startswith("mergekit-ram[") for r in extras["test"]), extras["test"]
+    ci = _logical_lines((REPO / ".ci" / "run").read_text())
+    assert 'pip install -e ".[policies]" && python -m pytest -q tests/test_policies.py' in ci, ci
+    for doc in ("README.md", "CONTRIBUTING.md"):
+        text = (REPO / doc).read_text(encoding="utf-8")
+        assert 'pip install -e ".[policies]"' in text and "tests/test_policies.py" in text, doc
+
+
+def test_the_policies_tests_skip_without_their_extra_saying_how_to_install_it(tmp_path):
+    block = "import sys; sys.modules.update(stable_baselines3=None, metaworld=None)\n"  # as if not installed
+    (tmp_path / "sitecustomize.py").write_text(block)
+    env = {**_env(), "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_policies.py"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode in (0, 5), done.stdout[-3000:] + done.stderr[-3000:]  # 5: the module skipped whole
+    assert "1 skipped" in done.stdout and 'pip install -e ".[policies]"' in done.stdout, done.stdout[-3000:]
+

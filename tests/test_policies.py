@@ -18,12 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-pytest.importorskip(
-    "stable_baselines3",
-    reason="the policies extra is not installed (CI's floor stage installs the test tools alone: stable-baselines3 "
-    "2.9.2 needs torch>=2.8, above mergekit-ram's floor)",
-)
-pytest.importorskip("metaworld", reason="the policies extra is not installed")
+NEEDS = 'the policies benchmark\'s extra is not installed (the suite\'s set-up leaves it out): pip install -e ".[policies]"'
+pytest.importorskip("stable_baselines3", reason=NEEDS)
+pytest.importorskip("metaworld", reason=NEEDS)
 
 POLICIES = Path(__file__).resolve().parents[1] / "benchmarks" / "policies"
 sys.path.insert(0, str(POLICIES))
