@@ -107,6 +107,7 @@ def test_inspect_table_json_and_plot(merged, qwen_bf16, tmp_path, capsys):
     assert float(image[..., :3].std()) > 0.05  # heat maps, not a flat picture
 
 
+@pytest.mark.quick
 def test_inspect_other_r_alpha_and_rule(qwen_bf16, tmp_path, capsys):
     cfg = write_config(tmp_path, config_text(qwen_bf16, "ABC"))
     _, totals = closed_form(qwen_bf16.family, "ABC")
@@ -216,6 +217,7 @@ def test_an_input_that_cannot_be_counted_exits_1_with_one_line(qwen_bf16, tmp_pa
     assert lines[0].startswith("mergekit-ram inspect: error:") and named in lines[0] and str(path) in lines[0]
 
 
+@pytest.mark.quick
 def test_missing_config_file_exits_2(tmp_path, capsys):
     code, out, err = inspect(capsys, tmp_path / "nope.yml")
     assert code == 2 and out == ""
@@ -236,6 +238,7 @@ def test_non_ramplus_config_is_inspected(qwen_bf16, tmp_path, capsys):
     assert {a["model"]: a["active"] for a in report["agents"]} == {qwen_bf16.path(a): totals[a]["active"] for a in "ABC"}
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("flag, value", [("--r", "-1"), ("--alpha", "inf"), ("--r", "nan")])
 def test_invalid_r_or_alpha_exits_2(qwen_bf16, tmp_path, capsys, flag, value):
     code, out, err = inspect(capsys, write_config(tmp_path, config_text(qwen_bf16, "AB")), flag, value, "-q")
@@ -280,6 +283,7 @@ def test_console_script(qwen_bf16, tmp_path, capsys):
 # ---------------------------------------------------------------- a stranger's first hour (issue 31)
 
 
+@pytest.mark.quick
 def test_plot_without_matplotlib_fails_before_any_work(qwen_bf16, tmp_path, capsys, monkeypatch):
     """It ran the whole statistics pass and wrote --json before failing, with a hint unlike the README's."""
     from mergekit_ram import kernel, plot
@@ -311,6 +315,7 @@ def test_quiet_inspect_of_a_flat_config_draws_no_bar(flat_mlp, tmp_path, capsys)
     assert code == 0 and "Planning operations" in err
 
 
+@pytest.mark.quick
 def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_ones(monkeypatch):
     """verify's device flags are mergekit's own (as inspect's), less the options its folder's record fixes and those
     of writing a folder: `--gpu-rich`, which its errors name, is one of them; `-q` is `--quiet`, listed once."""
@@ -346,6 +351,7 @@ def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_o
     assert options.gpu_rich and options.num_threads == 3 and options.quiet and not options.trust_remote_code
 
 
+@pytest.mark.quick
 def test_merge_options_are_declared_as_mergekit_declares_them():
     """inspect and verify declare mergekit's merge options without importing mergekit (so that their help answers
     at once): each as mergekit's `add_merge_options` makes it (`-q` added to `--quiet`), and every field of
@@ -390,6 +396,7 @@ HEAVY = ("torch", "mergekit", "transformers")
     ],
     ids=lambda args: " ".join(args),
 )
+@pytest.mark.quick
 def test_help_version_and_usage_errors_import_no_torch_or_mergekit(tmp_path, args):
     """They imported mergekit, torch and transformers before answering: 4 s on a quiet machine (11 s at load 3,
     41-47 s under heavy load) against 0.07 s for `mergekit-ram --help`. Checked in a fresh interpreter."""

@@ -107,6 +107,7 @@ def test_a_script_calling_run_merge_prints_one_line(qwen_bf16, tmp_path):
     _one_line(_run([sys.executable, str(script)], tmp_path), "merge.py", TYPO)
 
 
+@pytest.mark.quick
 def test_run_merge_in_python_raises_a_ram_error_of_one_line(qwen_bf16, run_yaml, tmp_path):
     config = _typo_config(qwen_bf16, tmp_path)
     with pytest.raises(errors.RamError) as info:
@@ -126,6 +127,7 @@ def test_inspect_prints_one_line_and_v_the_traceback(qwen_bf16, tmp_path):
 # ---------------------------------------------------------------- the pieces, in this process
 
 
+@pytest.mark.quick
 def test_one_line_is_ours_only_and_follows_a_cause():
     assert errors.one_line(ValueError("not ours")) is None
     assert errors.one_line(errors.RamError("a\n  b"), "prog") == "prog: error: a b"
@@ -138,6 +140,7 @@ def test_one_line_is_ours_only_and_follows_a_cause():
         assert errors.one_line(outer, "p") == "p: error: inner"
 
 
+@pytest.mark.quick
 def test_excepthook_leaves_other_errors_to_the_previous_hook(capsys, monkeypatch):
     seen = []
     hook = errors.excepthook(lambda *args: seen.append(args[1]))
@@ -155,6 +158,7 @@ def test_excepthook_leaves_other_errors_to_the_previous_hook(capsys, monkeypatch
     assert len(seen) == 2
 
 
+@pytest.mark.quick
 def test_the_hook_is_installed_once_mergekit_is_loaded():
     import mergekit.plan  # noqa: F401  (loads the hooks)
 

@@ -88,6 +88,7 @@ def public_identity(folder) -> dict:
 # ---------------------------------------------------------------- online
 
 
+@pytest.mark.quick
 def test_hub_ids_merge_the_weights_of_each_revision(hub, qwen_bf16):
     out = models.load_checkpoint(hub.out)
     base = qwen_bf16.stored("base")
@@ -137,6 +138,7 @@ RESOLVE = re.compile(r"^/org/[a-z-]+/resolve/([0-9a-f]{40}|main)/(config\.json|m
 API = re.compile(r"^/api/models/org/[a-z-]+(/revision/(main|[0-9a-f]{40})|/tree/(main|[0-9a-f]{40}))?$")
 
 
+@pytest.mark.quick
 def test_the_stub_served_the_documented_endpoints_only(hub):
     """What mergekit 0.1.5 + huggingface_hub asked for (see tests/hub_stub.py's docstring).
 

@@ -106,6 +106,7 @@ def _safetensors_reason(path: Path) -> str:
     return str(info.value).removeprefix("Error while deserializing header: ")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("how", list(DAMAGE))
 @pytest.mark.parametrize("who", ["agent", "base"])
 def test_damaged_safetensors_is_named(rel, qwen_bf16, run_yaml, tmp_path, how, who):
@@ -124,6 +125,7 @@ def test_damaged_safetensors_is_named(rel, qwen_bf16, run_yaml, tmp_path, how, w
     no_weights(tmp_path / "o")
 
 
+@pytest.mark.quick
 def test_index_naming_a_missing_shard(rel, qwen_bf16, make_model, run_yaml, tmp_path):
     sharded = make_model("A-2-shards", qwen_bf16.family.agents["A"], shards=2)
     (copy,) = copy_models({"A": sharded}, tmp_path / "m").values()
@@ -178,6 +180,7 @@ def test_read_only_inputs_merge(rel, read_only, run_yaml):
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o555 for p in read_only.values())
 
 
+@pytest.mark.quick
 def test_output_folder_holding_an_earlier_merge(rel, qwen_bf16, run_yaml, tmp_path, caplog):
     """A rerun into a finished merge's folder (another r) replaces it, naming what it replaces in one warning (an r
     sweep into one folder lost its results without a word); its ram_stats.json is removed first, so an
@@ -345,6 +348,7 @@ MISSING = {
 }
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("form", list(MISSING))
 def test_a_missing_model_path_is_named_through_run_merge(rel, qwen_bf16, workdir, run_yaml, tmp_path, monkeypatch,
                                                          form):  # fmt: skip

@@ -84,6 +84,7 @@ def _flag(field: str, value, tmp: Path) -> list[str]:
     return [param.opts[0], str(value).format(tmp=tmp)]
 
 
+@pytest.mark.quick
 def test_every_option_has_a_case():
     """mergekit's options, its CLI flags and this file's cases are the same set."""
     fields = set(MergeOptions.model_fields)

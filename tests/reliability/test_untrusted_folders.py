@@ -357,6 +357,7 @@ def test_copied_tokenizer_files_are_checked_and_the_rest_named(rel, with_tokeniz
 # ---------------------------------------------------------------- 4. robustness: special files, links, depth
 
 
+@pytest.mark.quick
 def test_a_fifo_named_model_safetensors_is_refused_unread(rel, merged, qwen_bf16, capsys):
     path = merged / "model.safetensors"
     path.unlink()
@@ -387,6 +388,7 @@ def test_deeply_nested_ram_stats_json_is_one_line(rel, merged, capsys):
     rel.names(_cannot_check(text, merged), merged / "ram_stats.json", "nests deeper than 64 levels")
 
 
+@pytest.mark.quick
 def test_deeply_nested_yaml_is_one_line(rel, merged, capsys):
     (merged / "mergekit_config.yml").write_text("a: " + "[" * 100_000 + "]" * 100_000 + "\n", encoding="utf-8")
     rel.watch(merged)
