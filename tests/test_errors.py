@@ -107,6 +107,7 @@ def test_a_script_calling_run_merge_prints_one_line(qwen_bf16, tmp_path):
     _one_line(_run([sys.executable, str(script)], tmp_path), "merge.py", TYPO)
 
 
+@pytest.mark.quick
 def test_run_merge_in_python_raises_a_ram_error_of_one_line(qwen_bf16, run_yaml, tmp_path):
     config = _typo_config(qwen_bf16, tmp_path)
     with pytest.raises(errors.RamError) as info:
@@ -126,6 +127,7 @@ def test_inspect_prints_one_line_and_v_the_traceback(qwen_bf16, tmp_path):
 # ---------------------------------------------------------------- the pieces, in this process
 
 
+@pytest.mark.quick
 def test_one_line_is_a_ram_error_only_not_one_raised_from_it():
     assert errors.one_line(ValueError("not ours")) is None
     assert errors.one_line(errors.RamError("a\n  b"), "prog") == "prog: error: a b"
@@ -208,6 +210,7 @@ def test_a_programs_own_excepthook_still_sees_our_errors(qwen_bf16, tmp_path):
     assert f"REPORTER saw RamError: {TYPO}" in done.stderr, done.stderr
 
 
+@pytest.mark.quick
 def test_the_hook_is_installed_once_mergekit_is_loaded():
     import mergekit.plan  # noqa: F401  (loads the hooks)
 

@@ -13,6 +13,8 @@ from safetensors.torch import save_file
 
 from mergekit_ram import files
 
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
+
 
 def test_read_header_returns_the_raw_bytes_and_the_parsed_header(tmp_path):
     path = tmp_path / "m.safetensors"

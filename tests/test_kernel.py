@@ -75,6 +75,7 @@ def lambdas_of(stats, r=R_, alpha=ALPHA):
 # ------------------------------------------------------------------ count
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_count_matches_reference(dtype, n):
@@ -105,6 +106,7 @@ def test_full_blocks_count_exactly(n):
     assert found.pair_counts.tolist() == [[numel, numel]] * (n * (n - 1) // 2)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_merge_matches_reference(dtype, n):
@@ -116,6 +118,7 @@ def test_merge_matches_reference(dtype, n):
     R.assert_rounded_equal(out, ref, mag, label=f"{dtype} n={n}", acc_dtype=acc)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_merge_three_regimes_exactly(dtype):
     """Unchanged entries are the base bit for bit; sub-threshold deltas are dropped;
@@ -134,6 +137,7 @@ def test_merge_three_regimes_exactly(dtype):
     assert counts == [[4, 1, 3], [3, 0, 3]]
 
 
+@pytest.mark.quick
 def test_active_is_strict_and_absolute():
     d = torch.tensor([1e-5, -1e-5, 1.0000001e-5, -2e-5, 0.0, 3.0], dtype=torch.float64)
     assert kernel.active(d, 1e-5).tolist() == [False, False, True, True, False, True]
@@ -263,6 +267,7 @@ def test_agent_without_unique_entries():
 # ------------------------------------------------------------------ rho / lambda
 
 
+@pytest.mark.quick
 def test_rho_values():
     assert kernel.rho(3, 2) == 1.5
     assert kernel.rho(0, 5) == 0.0
@@ -432,6 +437,7 @@ def test_native_allocation_failure_is_named_and_an_overflow_keeps_its_message(
     assert getattr(kernel, fn)(base, agents, EPS) is not None  # the loops themselves are back
 
 
+@pytest.mark.quick
 def test_shape_mismatch_names_agent_and_tensor():
     base = torch.zeros(4, 3)
     with pytest.raises(ValueError) as info:
@@ -624,6 +630,7 @@ def nn_param(t: torch.Tensor) -> torch.nn.Parameter:
 # ------------------------------------------------------------------ native vs torch
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, torch.float32], ids=str)
 def test_native_and_torch_paths_agree(backend, dtype, out_dtype, monkeypatch):

@@ -22,6 +22,8 @@ from safetensors.torch import save_file
 from mergekit_ram import record_checks
 from mergekit_ram.record_checks import NotVerifiable, Unreadable
 
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
+
 HASH = "ab" * 32
 
 

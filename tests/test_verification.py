@@ -171,6 +171,7 @@ def test_merge_record_names_the_options_that_change_the_merge(merged, qwen_bf16)
     }
 
 
+@pytest.mark.quick
 def test_card_names_verify(merged, qwen_bf16):
     card = (merged(config_text(qwen_bf16, ["A", "B"])).out / "README.md").read_text(encoding="utf-8")
     assert "check this folder against its inputs with `mergekit-ram verify <folder>`" in card
@@ -197,6 +198,7 @@ def abc(tmp_path_factory, qwen_bf16):
     return out
 
 
+@pytest.mark.quick
 def test_one_ulp_in_one_tensor_is_named(abc, tmp_path, capsys):
     """Also after a verify of the same folder in the same process (mergekit's loaders are not reused stale)."""
     out = copy_of(abc, tmp_path)
@@ -297,6 +299,7 @@ def test_swapped_input_is_named_and_nothing_is_recomputed(qwen_bf16, run_yaml, t
     ],
     ids=["r", "rho_scope", "alpha-added"],
 )
+@pytest.mark.quick
 def test_edited_parameter_is_named_and_nothing_is_recomputed(qwen_bf16, run_yaml, tmp_path, capsys, monkeypatch, edit, named):
     from mergekit_ram import kernel
 
@@ -361,6 +364,7 @@ def test_rho_comes_from_the_cache_when_it_holds_the_counts(qwen_bf16, run_yaml, 
 # ---------------------------------------------------------------- --json
 
 
+@pytest.mark.quick
 def test_json_schema(abc, tmp_path, capsys):
     code, text, err = verify(abc, capsys, "--json")
     assert code == 0, err

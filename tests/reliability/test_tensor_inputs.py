@@ -180,6 +180,7 @@ def test_merge_state_dicts_stops(rel, monkeypatch, native, dtype, value):
 # ---------------------------------------------------------------- shapes, dtypes, names
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("r", [0.1, 0.0], ids=["prepass", "r0"])
 def test_shape_mismatch_names_tensor_and_model(rel, qwen_bf16, make_model, run_yaml, tmp_path, r, monkeypatch):
     name = "model.layers.0.self_attn.q_proj.bias"
@@ -216,6 +217,7 @@ def test_float32_agent_with_bf16_base_merges_as_bf16(rel, qwen_bf16, make_model,
     rel.matches_reference(run.tensors, base, agents)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("r", [0.1, 0.0], ids=["prepass", "r0"])
 def test_agent_missing_a_tensor_names_tensor_and_model(rel, qwen_bf16, make_model, run_yaml, tmp_path, r):
     sd = {k: v for k, v in qwen_bf16.family.agents["A"].items() if k != MLP}
@@ -306,6 +308,7 @@ def test_twenty_agents(rel, qwen_bf16, twenty, run_yaml):
     rel.matches_reference(run.tensors, base, sds, r=0.2)
 
 
+@pytest.mark.quick
 def test_zero_element_tensors_merge(rel):
     """mergekit plans no empty tensor for these architectures: the in-memory API (same kernel)."""
     import mergekit_ram

@@ -371,6 +371,7 @@ def _fifo_refused(rel, capsys, folder: Path, path: Path, inputs) -> None:
     rel.names(_cannot_check(text, folder), f"{path} is a FIFO: not read")
 
 
+@pytest.mark.quick
 def test_a_fifo_named_model_safetensors_is_refused_unread(rel, merged, qwen_bf16, capsys):
     (merged / "model.safetensors").unlink()
     _fifo_refused(rel, capsys, merged, merged / "model.safetensors", qwen_bf16.paths.values())
@@ -394,6 +395,7 @@ def test_deeply_nested_ram_stats_json_is_one_line(rel, merged, capsys):
     rel.names(_cannot_check(text, merged), merged / "ram_stats.json", "nests deeper than 64 levels")
 
 
+@pytest.mark.quick
 def test_deeply_nested_yaml_is_one_line(rel, merged, capsys):
     (merged / "mergekit_config.yml").write_text("a: " + "[" * 100_000 + "]" * 100_000 + "\n", encoding="utf-8")
     rel.watch(merged)
