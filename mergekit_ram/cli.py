@@ -20,6 +20,8 @@ from mergekit_ram import errors, versions
 PROG = "mergekit-ram"
 #: An agent denser than this is reported as SFT-like (`inspect`).
 DENSE = 0.9
+#: verify's exit code when it cannot check (`verdict.EXIT["cannot check"]`, named here without importing torch)
+CANNOT_CHECK = 3
 
 
 class _UsageError(Exception):
@@ -149,11 +151,15 @@ def _inspect(
     found = report.relabel(done.report, r=r, alpha=alpha, lambda_rule=lambda_rule)  # lambda for the flags'
     chosen, stats = found["parameters"], done.stats
     totals = stats.totals()
-    labels = tables.short_labels(stats.agents)
+    labels = report.labels_of(found)
     print(f"RAM+ statistics of {config} ({found['statistics']}; rho per {chosen['rho_scope']}):")
     print(tables.format_table(totals.values(), chosen["r"], chosen["alpha"], chosen["lambda_rule"], labels))
-    base = found["base_model"]["model"]
+    inputs = found["inputs"]
+    base = f"{found['base_model']} ({inputs[found['base_model']]['model']})"
     print(f"base: {base}; {sum(t.numel for t in stats.tensors):,} parameters in {len(stats.tensors)} tensors")
+    print(
+        "agents: " + ", ".join(f"{label} ({row['model']})" for label, row in inputs.items() if row["role"] == "agent")
+    )
     if stats.has_diagnostics:
         print()
         print("Diagnostics (share of each agent's update sum |tau| in its unique entries, changes of one dtype step;")
@@ -189,59 +195,108 @@ def _verify_command() -> click.Command:
     @click.command(
         "verify",
         help=(
-            "Check that OUT_DIR holds what its ramplus merge makes of its inputs, writing nothing and running no code "
-            "from OUT_DIR or its inputs: check each input's recorded identity (a hub id at its recorded revision), "
-            "that mergekit_config.yml plans the recorded parameters, recompute the merge tensor by tensor (rho from "
-            "the statistics cache when it holds the counts, else counted in memory) and compare each tensor's bits "
-            "with the published one; then ram_stats.json's statistics, the card's RAM+ section, config.json and the "
-            "copied tokenizer files. The last line says what was checked and what was not. Exit 0: bit-identical; "
-            "1: the folder is not what it records (each difference named); 2: a usage error; 3: cannot check (an "
-            "input missing or changed, a recorded option refused, a file refused or unreadable)."
+            "Check that TARGET, an output folder or a merge on the Hugging Face Hub (ORG/NAME, or ORG/NAME@REVISION: "
+            "only the files verify reads are fetched, never code), holds what its ramplus merge makes of its "
+            "inputs, writing nothing and running no code from it or its inputs: check each input's recorded "
+            "identity (a hub id at its recorded revision, or a local copy), that mergekit_config.yml plans the "
+            "recorded parameters, recompute the merge tensor by tensor (rho from the statistics cache when it "
+            "holds the counts, else counted in memory) and compare each tensor's bits with the published one; "
+            "then ram_stats.json's statistics, the card's RAM+ section, config.json and the copied tokenizer "
+            "files. The last line says what was checked and what was not. Exit 0: bit-identical; 1: the merge "
+            "is not what it records (each difference named); 2: a usage error; 3: cannot check (an input "
+            "missing or changed, a recorded option refused, a file refused or unreadable, the Hub unreachable)."
         ),
     )
-    @click.argument("out_dir", metavar="OUT_DIR", type=click.Path(path_type=Path))
+    @click.argument("target", metavar="OUT_DIR|ORG/NAME[@REVISION]")
     @click.option("--json", "as_json", is_flag=True, help="print the result as JSON (schema: mergekit_ram/verdict.py)")
     @click.option("--input", "inputs", multiple=True, metavar="RECORDED=LOCAL",
-                  help="read the recorded input RECORDED from the local copy LOCAL (its identity is checked); "
-                  "repeatable")  # fmt: skip
+                  help="read the recorded input RECORDED (its recorded name or label) from the local copy LOCAL "
+                  "(its identity is checked); repeatable")  # fmt: skip
+    @click.option("--inputs-from", "inputs_from", multiple=True, metavar="RECORDED_PARENT=LOCAL_PARENT",
+                  help="read every input recorded under the folder RECORDED_PARENT from the same place under "
+                  "LOCAL_PARENT; repeatable")  # fmt: skip
+    @click.option("--input-dir", metavar="DIR", type=click.Path(path_type=Path),
+                  help="read each input with a copy in DIR named by its label (DIR/LABEL) from there")  # fmt: skip
     @click.option("--trust-remote-code", "trust", is_flag=True,
                   help="let the inputs' own code run where the merge's record says it ran")  # fmt: skip
     # not those its folder's record fixes (`report.RECORDED_OPTIONS`: `--trust-remote-code` is verify's own flag,
     # the user's consent), nor those of writing a folder (`options.WRITES`)
     @options.declare(left_out=RECORDED_OPTIONS)
-    def verify(out_dir: Path, as_json: bool, inputs: tuple[str, ...], trust: bool, **merge: Any) -> None:
-        _verify(out_dir, as_json, merge, inputs=inputs, trust=trust)
+    def verify(
+        target: str,
+        as_json: bool,
+        inputs: tuple[str, ...],
+        inputs_from: tuple[str, ...],
+        input_dir: Path | None,
+        trust: bool,
+        **merge: Any,
+    ) -> None:
+        _verify(target, as_json, merge, trust=trust, inputs=inputs, inputs_from=inputs_from, input_dir=input_dir)
 
     return verify
 
 
 def _verify(
-    out_dir: Path, as_json: bool, merge: dict[str, Any], *, inputs: Sequence[str] = (), trust: bool = False
+    target: str | Path,
+    as_json: bool,
+    merge: dict[str, Any],
+    *,
+    inputs: Sequence[str] = (),
+    inputs_from: Sequence[str] = (),
+    input_dir: Path | None = None,
+    trust: bool = False,
 ) -> None:
-    """`merge`: mergekit's merge options, made a `MergeOptions` (torch, mergekit) after the usage checks. Each
-    `--input` is split where the record says (`record_checks.input_pairs`: a recorded name may hold `=`); one
-    without `=` is refused here, before the heavy imports."""
-    for pair in inputs:
-        if "=" not in pair.strip("="):
-            raise _UsageError(f"--input {pair}: expected RECORDED=LOCAL (a recorded input and its local copy)")
-    from mergekit_ram import verdict
-    from mergekit_ram._mergekit import options as merge_options
-    from mergekit_ram._mergekit import verification
+    """`merge`: mergekit's merge options, made a `MergeOptions` (torch, mergekit) after the usage checks. What
+    the command line alone shows wrong is refused here, before the heavy imports: an `--input` or
+    `--inputs-from` without `=`, an `--input-dir` that is no folder. Each value is split where the record says
+    (`input_copies`: a recorded name may hold `=`). A TARGET that is no local path and reads as `org/name` is
+    a merge on the Hub (`hub.parse`), fetched first."""
+    from mergekit_ram import hub
 
-    options = merge_options.merge_options(merge)
-    options.apply_global_options()
+    for option, values, form in (("--input", inputs, "RECORDED=LOCAL"),
+                                 ("--inputs-from", inputs_from, "RECORDED_PARENT=LOCAL_PARENT")):  # fmt: skip
+        for pair in values:
+            if "=" not in pair.strip("="):
+                raise _UsageError(f"{option} {pair}: expected {form}")
+    if input_dir is not None and not input_dir.is_dir():
+        raise _UsageError(f"--input-dir {input_dir}: no such folder")
+    on_hub = hub.parse(str(target))
+    published = None
     try:
-        outcome = verification.verify(str(out_dir), options, trust_remote_code=trust, inputs=inputs)
+        if on_hub is not None:  # before torch and mergekit load: a repository the Hub lacks is one line at once
+            cache = merge.get("transformers_cache")
+            published = hub.fetch(*on_hub, cache_dir=cache, quiet=bool(merge.get("quiet")))
+        from mergekit_ram._mergekit import options as merge_options
+        from mergekit_ram._mergekit import verification
+
+        options = merge_options.merge_options(merge)
+        options.apply_global_options()
+        outcome = verification.verify(
+            published.folder if published is not None else str(target),
+            options,
+            trust_remote_code=trust,
+            inputs=inputs,
+            inputs_from=inputs_from,
+            input_dir=None if input_dir is None else str(input_dir),
+            published=published,
+        )
     except errors.NotVerifiable as error:
         raise _UsageError(str(error)) from error
     except (errors.Unreadable, errors.InputError) as error:
         message = " ".join(str(error).split())
-        outcome = verdict.Outcome(folder=str(out_dir.expanduser().absolute()), error=message)
-        if as_json:
+        if as_json:  # the verdict's JSON (verdict imports torch: not for the one line alone)
+            from mergekit_ram import verdict
+
+            where = {"repository": on_hub[0], "requested": on_hub[1], "revision": None} if on_hub else None
+            outcome = verdict.Outcome(folder=str(Path(target).expanduser().absolute()), hub=where, error=message)
+            if published is not None:
+                outcome.folder, outcome.hub = published.folder, published.as_json()
             print(verdict.dumps(outcome), end="")
         print(f"{PROG} verify: cannot check: {message}", file=sys.stderr)
-        raise _NotIdentical(outcome.exit_code) from error
+        raise _NotIdentical(CANNOT_CHECK) from error
     if as_json:
+        from mergekit_ram import verdict
+
         print(verdict.dumps(outcome), end="")
     else:
         for note in outcome.notes:
@@ -258,7 +313,7 @@ def _verify(
 COMMANDS: dict[str, tuple[str, Callable[[], click.Command]]] = {
     "example": ("write a tiny RL-like base model, three agents and ready RAM/RAM+ configs", _example_command),
     "inspect": ("count (or reuse cached) RAM+ statistics of a config without merging", _inspect_command),
-    "verify": ("recompute a ramplus merge from its output folder and compare it bit for bit", _verify_command),
+    "verify": ("recompute a ramplus merge from its folder or the Hub and compare it bit for bit", _verify_command),
 }
 
 

@@ -231,6 +231,11 @@ def beside(folder: str) -> list[str]:
     return names
 
 
+def listed(names: list[str], limit: int) -> str:
+    """The first `limit` of `names`, and how many more: how a verdict names files."""
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
 def is_code(name: str) -> bool:
     """A Python file: code transformers runs from the folder with `trust_remote_code` (a config's `auto_map`, a
     `custom_generate/`); a merge writes none."""

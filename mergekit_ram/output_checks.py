@@ -175,8 +175,13 @@ def earlier_merge(path: str) -> str | None:
         if found.get("format") != STATS_FORMAT:
             return None
         chosen = found.get("parameters", {})
-        agents = ", ".join(str(agent.get("model")) for agent in found.get("agents", []))
-        base = found.get("base_model", {}).get("model")
+        inputs = found.get("inputs")  # format 4: label -> role, model; before, base_model and agents held models
+        if isinstance(inputs, dict):
+            base = next((row.get("model") for row in inputs.values() if row.get("role") == "base"), None)
+            agents = ", ".join(str(row.get("model")) for row in inputs.values() if row.get("role") == "agent")
+        else:
+            agents = ", ".join(str(agent.get("model")) for agent in found.get("agents", []))
+            base = found.get("base_model", {}).get("model")
         return f"r={chosen.get('r')}, alpha={chosen.get('alpha')}, base {base}, agents {agents}"
     except (OSError, ValueError, AttributeError, TypeError):
         return None

@@ -13,14 +13,16 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from mergekit_ram import files, folder_checks, input_checks, output_checks
 from mergekit_ram.bitwise import json_number, shown
 from mergekit_ram.errors import NotVerifiable, Unreadable
+from mergekit_ram.labels import renamed, upgraded
 
-#: ram_stats.json format versions verify can read (1 and 2 have no `merge` record: run_merge, default options)
-READABLE = (1, 2, 3)
+#: ram_stats.json format versions verify can read (1 and 2 have no `merge` record: run_merge, default options;
+#: 1 to 3 name the inputs by path, read in 4's shape: `labels.upgraded`)
+READABLE = (1, 2, 3, 4)
 CONFIG_FILE = "mergekit_config.yml"
 
 
@@ -52,9 +54,17 @@ def read_report(folder: str) -> dict:
             f"{path} has format_version {version!r}; this mergekit-ram reads {', '.join(map(str, READABLE))} "
             "(upgrade mergekit-ram)"
         )
-    for key, kind in (("parameters", dict), ("base_model", dict), ("agents", list)):
+    old = version < 4
+    for key, kind in (("parameters", dict), ("base_model", dict if old else str), ("agents", list),
+                      *(() if old else (("inputs", dict),))):  # fmt: skip
         if not isinstance(found.get(key), kind):
             raise Unreadable(f"{path} has no {key!r}: is the folder damaged?")
+    found = upgraded(found)
+    inputs = found["inputs"]
+    rows = [row for row in inputs.values() if isinstance(row, dict) and isinstance(row.get("model"), str)]
+    labels = [found["base_model"], *(row.get("label") if isinstance(row, dict) else None for row in found["agents"])]
+    if len(rows) != len(inputs) or len(labels) != len(inputs) or set(labels) != set(inputs):
+        raise Unreadable(f"{path}: its inputs table does not name the base and the agents: is the folder damaged?")
     return found
 
 
@@ -116,11 +126,9 @@ def plan_mismatches(recorded: dict, planned: dict, *, source: str = CONFIG_FILE)
                 f"{name} per tensor: {said} {_values(varying.get(name))}, ram_stats.json records "
                 f"{_values(was_varying.get(name))}"
             )
-    base, was_base = planned["base_model"]["model"], recorded["base_model"].get("model")
+    (base, agents), (was_base, was_agents) = _models(planned), _models(recorded)
     if base != was_base:
         found.append(f"base model: {said} {base}, ram_stats.json records {was_base}")
-    agents = [row["model"] for row in planned["agents"]]
-    was_agents = [row.get("model") for row in recorded["agents"]]
     if agents != was_agents:
         found.append(f"agents: {said} {', '.join(agents)}; ram_stats.json records {', '.join(map(str, was_agents))}")
     else:
@@ -129,7 +137,7 @@ def plan_mismatches(recorded: dict, planned: dict, *, source: str = CONFIG_FILE)
             was_given = was.get("rho") if was.get("rho_source") == "given" else None
             if not _same(given, was_given):
                 found.append(
-                    f"rho of {row['model']}: {source} "
+                    f"rho of {was.get('label')}: {source} "
                     + (f"gives {shown(given)}" if given is not None else "gives none (counted)")
                     + ", ram_stats.json records "
                     + (f"{shown(was_given)} given" if was_given is not None else "it counted")
@@ -140,15 +148,21 @@ def plan_mismatches(recorded: dict, planned: dict, *, source: str = CONFIG_FILE)
     return found
 
 
+def _models(report: dict) -> tuple[str, list[str]]:
+    """(the base, the agents), each as the config names it (the `inputs` table's `model`)."""
+    inputs = report["inputs"]
+    return inputs[report["base_model"]]["model"], [inputs[row["label"]]["model"] for row in report["agents"]]
+
+
 def rho_mismatches(recorded: dict, recomputed: dict) -> list[str]:
     """The rho each agent used, recomputed (`recomputed`: the verify run's report) against the recorded one."""
     found = []
-    rows = {row.get("model"): row for row in recorded["agents"]}
+    rows = {row.get("label"): row for row in recorded["agents"]}
     for row in recomputed["agents"]:
-        was = rows.get(row["model"])
+        was = rows.get(row["label"])
         if was is not None and not _same(row["rho"], was.get("rho")):
             now, then = shown(row["rho"]), shown(was.get("rho"))
-            found.append(f"rho of {row['model']}: recomputed {now}, ram_stats.json records {then}")
+            found.append(f"rho of {row['label']}: recomputed {now}, ram_stats.json records {then}")
     groups, was_groups = recomputed.get("rho_by_group"), recorded.get("rho_by_group")
     if groups is not None and was_groups is not None and groups != was_groups:
         differ = sorted(g for g in set(groups) | set(was_groups) if groups.get(g) != was_groups.get(g))
@@ -166,16 +180,24 @@ class InputCheck:
     recorded: Mapping[str, Any]
     found: Mapping[str, Any] | None
     detail: str | None = None
+    #: the input's label (`ram_stats.json`'s inputs table), when it is not its name
+    label: str | None = None
 
     def line(self) -> str:
+        named = (
+            f"{self.label} ({self.model}, {self.role})"
+            if self.label not in (None, self.model)
+            else (f"{self.model} ({self.role})")
+        )
         if self.status == "missing":
-            return f"input {self.model} ({self.role}) cannot be read: {self.detail}"
+            return f"input {named} cannot be read: {self.detail}"
         if self.status == "changed":
-            return f"input {self.model} ({self.role}) changed: {self.detail}"
-        return f"input {self.model} ({self.role}): {self.status}"
+            return f"input {named} changed: {self.detail}"
+        return f"input {named}: {self.status}"
 
     def as_json(self) -> dict:
         return {
+            "label": self.label or self.model,
             "model": self.model,
             "role": self.role,
             "status": self.status,
@@ -186,12 +208,18 @@ class InputCheck:
 
 
 def check_identity(
-    model: str, role: str, recorded: Mapping[str, Any], found: Mapping[str, Any], *, copy: str | None = None
+    model: str,
+    role: str,
+    recorded: Mapping[str, Any],
+    found: Mapping[str, Any],
+    *,
+    copy: str | None = None,
+    label: str | None = None,
 ) -> InputCheck:
     """An input's identity found now against the recorded one (`report.public_identity`: content_id, revision).
     `copy`: a local copy stands for it (`verify --input`): its content is checked, not where it came from."""
     if not recorded.get("content_id"):
-        return InputCheck(model, role, "not recorded", recorded, found)
+        return InputCheck(model, role, "not recorded", recorded, found, label=label)
     keys = ("content_id",) if copy else ("revision", "content_id")
     differ = [
         (f"the copy {copy}: " if copy else "")
@@ -200,15 +228,32 @@ def check_identity(
         if (recorded.get(key) or None) != (found.get(key) or None)
     ]
     if differ:
-        return InputCheck(model, role, "changed", recorded, found, "; ".join(differ))
-    return InputCheck(model, role, "same", recorded, found)
+        return InputCheck(model, role, "changed", recorded, found, "; ".join(differ), label=label)
+    return InputCheck(model, role, "same", recorded, found, label=label)
 
 
-def recorded_inputs(report: dict) -> list[tuple[str, str, dict]]:
-    """(model, role, recorded identity) of the base and every agent of a report."""
-    rows = [(report["base_model"].get("model"), "base", report["base_model"].get("identity") or {})]
-    rows += [(row.get("model"), "agent", row.get("identity") or {}) for row in report["agents"]]
-    return [(str(m), role, identity) for m, role, identity in rows]
+class Recorded(NamedTuple):
+    """One input as `ram_stats.json` records it."""
+
+    label: str
+    model: str  # as the config names it
+    role: str  # "base" or "agent"
+    identity: dict
+
+
+def recorded_inputs(report: dict) -> list[Recorded]:
+    """The base and every agent of a report (format 4's shape: `read_report`), from its inputs table."""
+    return [
+        Recorded(str(label), str(row["model"]), str(row.get("role")), row.get("identity") or {})
+        for label, row in report["inputs"].items()
+    ]
+
+
+def recorded_labels(report: dict, now: Mapping[str, str]) -> dict[str, str]:
+    """input -> its recorded label, for the inputs as recorded and as read now (`now`: name now -> recorded name,
+    where a local copy or a pinned revision stands for a recorded input)."""
+    labels = {row.model: row.label for row in recorded_inputs(report)}
+    return labels | {name: labels[was] for name, was in now.items() if was in labels}
 
 
 def version_notes(recorded: dict, installed: Mapping[str, str], source: Mapping[str, str] | None = None) -> list[str]:
@@ -276,51 +321,9 @@ def recorded_options(
     return options.model_copy(update={k: getattr(checked, k) for k in update}), notes, None
 
 
-def input_pairs(recorded: dict, given: Iterable[str]) -> dict[str, str]:
-    """`--input RECORDED=LOCAL` values as recorded input -> local copy. A recorded name may hold `=` (a sweep's
-    folder, `runs/lr=1e-5,seed=1/agent`): each value is split after the recorded name it begins with, else at
-    its first `=`. NotVerifiable (a usage error) for no `=`, a name two recorded inputs could begin, or one
-    input mapped twice."""
-    known = sorted({label for label, _, _ in recorded_inputs(recorded)})
-    found: dict[str, str] = {}
-    for pair in given:
-        names = [name for name in known if pair.startswith(name + "=") and len(pair) > len(name) + 1]
-        if len(names) > 1:
-            raise NotVerifiable(f"--input {pair}: it begins with two recorded inputs, {' and '.join(names)}")
-        name, sep, local = (names[0], "=", pair[len(names[0]) + 1 :]) if names else pair.partition("=")
-        if not sep or not name or not local:
-            raise NotVerifiable(f"--input {pair}: expected RECORDED=LOCAL (a recorded input and its local copy)")
-        if name in found:
-            raise NotVerifiable(f"--input maps {name} twice ({found[name]} and {local}): give one local copy")
-        found[name] = local
-    return local_copies(recorded, found)
-
-
-def local_copies(recorded: dict, inputs: Mapping[str, str]) -> dict[str, str]:
-    """recorded input -> absolute path of its local copy (`--input`); NotVerifiable for a name the record lacks."""
-    known = {label for label, _, _ in recorded_inputs(recorded)}
-    for name in inputs:
-        if name not in known:
-            raise NotVerifiable(
-                f"--input {name}=...: ram_stats.json records no input {name} (it records {', '.join(sorted(known))})"
-            )
-    return {name: os.path.abspath(os.path.expanduser(local)) for name, local in inputs.items()}
-
-
 def relabel(value: Any, labels: Mapping[str, str]) -> Any:
-    """`value` (a report, or anything in it) with every model label in `labels` (now -> recorded) replaced."""
-    if not labels:
-        return value
-    if isinstance(value, dict):
-        return {labels.get(k, k) if isinstance(k, str) else k: relabel(v, labels) for k, v in value.items()}
-    if isinstance(value, list):
-        return [relabel(v, labels) for v in value]
-    return labels.get(value, value) if isinstance(value, str) else value
-
-
-def missing_hint(copies: Mapping[str, str]) -> str:
-    """What to say after a missing input: a local copy can stand for it."""
-    return "" if copies else " (a local copy can stand for it: --input RECORDED=LOCAL)"
+    """`value` (a report, or anything in it) with every model name in `labels` (now -> recorded) replaced."""
+    return renamed(value, labels) if labels else value
 
 
 def _same(a: Any, b: Any) -> bool:

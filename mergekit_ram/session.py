@@ -51,6 +51,8 @@ class MergeSession:
     source: str = "not computed"
     #: the report (`report.build`) of this merge, for its card, ram_stats.json and inspect
     report: dict | None = None
+    #: input -> its label where chosen before the report (`verify`: the recorded ones); the others are derived
+    labels: Mapping[str, str] = field(default_factory=dict)
     #: (folder, JSON text) of ram_stats.json, written when the merge has finished
     pending: list[tuple[str, str]] = field(default_factory=list)
     #: True inside `run_merge`: the statistics are written after everything else

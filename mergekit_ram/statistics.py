@@ -161,11 +161,13 @@ class Diagnostics:
     magnitude: Mapping[str, tuple[float, float]]
     pairs: Mapping[tuple[str, str], tuple[int, int, float, float, float]]
 
-    def to_json(self) -> dict:
+    def to_json(self, labels: Mapping[str, str] | None = None) -> dict:
+        """As JSON, each agent named by its label in `labels` (agent -> label; default: its name)."""
+        n = labels or {}
         return {
-            "single": dict(self.single),
-            "magnitude": {a: list(v) for a, v in self.magnitude.items()},
-            "pairs": [[a, b, *v] for (a, b), v in self.pairs.items()],
+            "single": {n.get(a, a): v for a, v in self.single.items()},
+            "magnitude": {n.get(a, a): list(v) for a, v in self.magnitude.items()},
+            "pairs": [[n.get(a, a), n.get(b, b), *v] for (a, b), v in self.pairs.items()],
         }
 
     @classmethod
@@ -274,17 +276,20 @@ class Statistics:
             group: {a: s.rho for a, s in self.totals(members).items()} for group, members in self.groups(scope).items()
         }
 
-    def to_json(self) -> list[dict]:
+    def to_json(self, labels: Mapping[str, str] | None = None) -> list[dict]:
+        """Per tensor, as `ram_stats.json` and the cache hold it; each agent named by its label in `labels`
+        (agent -> label; default: its name, as the cache keeps it)."""
+        n = labels or {}
         out = []
         for t in self.tensors:
             row = {
                 "name": t.name,
                 "numel": t.numel,
                 "epsilon": t.epsilon,
-                "counts": {a: list(c) for a, c in t.counts.items()},
+                "counts": {n.get(a, a): list(c) for a, c in t.counts.items()},
             }
             if t.diagnostics is not None:
-                row["diagnostics"] = t.diagnostics.to_json()
+                row["diagnostics"] = t.diagnostics.to_json(labels)
             out.append(row)
         return out
 

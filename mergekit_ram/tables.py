@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 from mergekit_ram.params import DEFAULTS
 from mergekit_ram.statistics import AgentStats, PairStats
@@ -55,13 +54,13 @@ def _lambda_label(r: float, alpha: float, rule: str) -> str:
 
 
 def agent_rows(report: dict) -> list[list[str]]:
-    """Per-agent cells of the card's table: model, density, unique, w/ 1, w/ >=2, rho, lambda."""
+    """Per-agent cells of the card's table: label, density, unique, w/ 1, w/ >=2, rho, lambda."""
     rows = []
     for a in report["agents"]:
         counted = "density" in a
         rows.append(
             [
-                a["model"],
+                a["label"],
                 _pct(a.get("density")) if counted else "—",
                 _pct(a.get("unique_share")) if counted else "—",
                 _pct(a.get("shared_with_1_share")) if counted else "—",
@@ -74,9 +73,9 @@ def agent_rows(report: dict) -> list[list[str]]:
 
 
 def diagnostic_rows(report: dict) -> list[list[str]]:
-    """Per-agent diagnostic cells: model, share of |tau| in unique entries, single-step share (empty: none)."""
+    """Per-agent diagnostic cells: label, share of |tau| in unique entries, single-step share (empty: none)."""
     return [
-        [a["model"], _pct(a["magnitude_unique_share"]), _pct(a["single_step_share"])]
+        [a["label"], _pct(a["magnitude_unique_share"]), _pct(a["single_step_share"])]
         for a in report["agents"]
         if "single_step_share" in a
     ]
@@ -120,10 +119,9 @@ def _columns(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def short_labels(agents: Sequence[str]) -> dict[str, str]:
-    """Folder names when they are distinct, full references otherwise."""
-    short = {a: Path(a.split("@")[0].rstrip("/")).name or a for a in agents}
-    return short if len(set(short.values())) == len(short) else {a: a for a in agents}
+def cell(text: str) -> str:
+    """`text` as a Markdown table cell (a `|` escaped)."""
+    return str(text).replace("|", "\\|")
 
 
 def _fmt(value) -> str:

@@ -6,7 +6,9 @@ Knows nothing of mergekit (`_mergekit/verification.py` plans and recomputes; thi
 
 JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/verify", format_version 2:
 
-- `folder` (absolute), `entry_point` ("run_merge" or "mergekit-pytorch"; null when unread),
+- `folder` (absolute), `hub` (a merge verified from the Hugging Face Hub, `mergekit-ram verify ORG/NAME@REV`:
+  `repository`, `requested` (the revision asked for) and `revision` (the commit its files were fetched at, null
+  when none was); null for a folder), `entry_point` ("run_merge" or "mergekit-pytorch"; null when unread),
   `result` and `exit_code`: "identical" (0), "differs" (1: the folder is not what it records), "cannot check"
   (3: an input missing, changed or unreadable, a recorded option refused, a file verify refuses or cannot
   read; `cannot_check` says why, `error` too when verify stopped), with `headline`, the first line of the
@@ -16,7 +18,8 @@ JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/ver
   plan what `ram_stats.json` records: nothing is recomputed then);
 - `statistics`: where rho came from ("cache", "computed", "not computed"), null when not recomputed;
 - `tensors_compared`, `tensors_identical`: counts;
-- `inputs[]`: `model`, `role` ("base"/"agent"), `status` ("same", "changed", "missing",
+- `inputs[]`: `label` (as ram_stats.json names the input; its name for a folder written before labels),
+  `model` (the path or hub id the merge read), `role` ("base"/"agent"), `status` ("same", "changed", "missing",
   "not recorded"), `recorded` and `found` identities ({content_id, revision?}; found is null when
   missing), `detail` (one line, or null);
 - `parameters[]`: one line per parameter the config plans otherwise than `ram_stats.json` records;
@@ -59,6 +62,8 @@ class Outcome:
     """What verify found in one folder."""
 
     folder: str
+    #: a merge fetched from the Hub: repository, requested, revision (`hub.Published.as_json`)
+    hub: dict[str, Any] | None = None
     entry_point: str | None = None
     inputs: list[InputCheck] = field(default_factory=list)
     parameters: list[str] = field(default_factory=list)
@@ -114,15 +119,21 @@ class Outcome:
             str(self.statistics), ""
         )
 
+    def name(self) -> str:
+        """The folder, or the Hub repository at the commit verified."""
+        if self.hub is None:
+            return self.folder
+        return f"{self.hub['repository']}@{self.hub.get('revision') or self.hub.get('requested')}"
+
     def headline(self) -> str:
         where = self._where()
         if self.result == "identical":
-            return f"{self.folder}: bit-identical, {self.compared:,} tensors{where}"
+            return f"{self.name()}: bit-identical, {self.compared:,} tensors{where}"
         if self.result == "differs":
             found = self._differs()
-            return f"{self.folder}: NOT identical ({len(found)} problem{'s' if len(found) != 1 else ''}):"
+            return f"{self.name()}: NOT identical ({len(found)} problem{'s' if len(found) != 1 else ''}):"
         blocked = self._blocked()
-        return f"{self.folder}: CANNOT CHECK ({len(blocked)} reason{'s' if len(blocked) != 1 else ''}):"
+        return f"{self.name()}: CANNOT CHECK ({len(blocked)} reason{'s' if len(blocked) != 1 else ''}):"
 
     def summary(self) -> str:
         """What was checked and what was not, in one line."""
@@ -151,6 +162,7 @@ class Outcome:
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "folder": self.folder,
+            "hub": None if self.hub is None else dict(self.hub),
             "entry_point": self.entry_point,
             "result": self.result,
             "exit_code": self.exit_code,

@@ -108,7 +108,7 @@ def no_weights_written(out_dir) -> None:
 
 
 AGENT_KEYS = {
-    "model", "identity", "active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel",
+    "label", "active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel",
     "density", "unique_share", "shared_with_1_share", "shared_with_2plus_share", "rho_counted", "rho",
     "rho_source", "lambda",
     # diagnostics (format_version 2)
@@ -158,15 +158,31 @@ def read_stats(out: Path) -> dict:
     return strict_json((out / "ram_stats.json").read_text(encoding="utf-8"))
 
 
+def rows_by_model(report: dict) -> dict:
+    """input as the config names it -> its row in `agents` (format 4 names agents by label; the inputs table
+    maps each label to its input)."""
+    return {report["inputs"][row["label"]]["model"]: row for row in report["agents"]}
+
+
+def model_of(report: dict, label: str) -> str:
+    """The input (path or hub id) a report's label stands for."""
+    return report["inputs"][label]["model"]
+
+
+def base_of(report: dict) -> dict:
+    """The base's row of the inputs table: role, model, identity."""
+    return report["inputs"][report["base_model"]]
+
+
 def number(value):
     """A JSON rho/lambda back to a float ("inf" is the documented spelling of infinity)."""
     return math.inf if value == "inf" else value
 
 
 def validate_schema(report: dict, *, counted: bool = True) -> None:
-    """The schema documented in mergekit_ram/report.py (format_version 3)."""
+    """The schema documented in mergekit_ram/report.py (format_version 4)."""
     assert report["format"] == "mergekit-ram/ram_stats"
-    assert report["format_version"] == 3
+    assert report["format_version"] == 4
     assert report["merge"]["entry_point"] in ("run_merge", "mergekit-pytorch")
     assert report["method"] == "ramplus"
     params = report["parameters"]
@@ -179,11 +195,15 @@ def validate_schema(report: dict, *, counted: bool = True) -> None:
     assert report["versions"] == {
         "mergekit": version("mergekit"), "mergekit-ram": version("mergekit-ram"), "torch": version("torch"),
     }
-    assert isinstance(report["base_model"]["model"], str)
-    assert HEX64.match(report["base_model"]["identity"]["content_id"])
+    inputs = report["inputs"]
+    assert list(inputs) == [report["base_model"], *(row["label"] for row in report["agents"])]
+    assert [row["role"] for row in inputs.values()] == ["base"] + ["agent"] * len(report["agents"])
+    for label, row in inputs.items():
+        assert set(row) == {"role", "model", "identity"} and isinstance(row["model"], str), label
+        assert HEX64.match(row["identity"]["content_id"]), label
+        assert set(row["identity"]) <= {"content_id", "revision"}, label
     assert report["agents"], "no agents"
     for row in report["agents"]:
-        assert HEX64.match(row["identity"]["content_id"]), row["model"]
         if counted:
             assert set(row) == AGENT_KEYS, sorted(set(row) ^ AGENT_KEYS)
             for key in ("active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel"):
@@ -201,7 +221,7 @@ def validate_schema(report: dict, *, counted: bool = True) -> None:
         assert row["rho"] is None or row["rho"] == "inf" or isinstance(row["rho"], float)
         assert row["lambda"] is None or isinstance(row["lambda"], float)
     assert ("rho_by_group" in report) == (counted and params["rho_scope"] != "model")
-    agents = [a["model"] for a in report["agents"]]
+    agents = [a["label"] for a in report["agents"]]
     n = len(agents)
     assert len(report["pairs"]) == (n * (n - 1) // 2 if counted else 0)
     for pair in report["pairs"]:
@@ -211,6 +231,7 @@ def validate_schema(report: dict, *, counted: bool = True) -> None:
         assert pair["cosine"] is None or -1 - 1e-12 <= pair["cosine"] <= 1 + 1e-12
     for t in report["tensors"]:
         assert set(t) == {"name", "numel", "epsilon", "counts", "diagnostics"}
+        assert set(t["counts"]) == set(agents), t["name"]
         for row in t["counts"].values():
             assert len(row) == 3 and all(isinstance(x, int) and 0 <= x <= t["numel"] for x in row), t["name"]
         assert set(t["diagnostics"]) == {"single", "magnitude", "pairs"}

@@ -336,16 +336,16 @@ def test_agent_stats_names_are_ram_stats_json_names(merged, qwen_bf16):
     """`AgentStats` had `pair` and `single` where `ram_stats.json` says `shared_with_1` and `single_step`: each
     per-agent number of the file is an attribute of the same name and value (`rho_counted` is `rho`), and the
     old names still work."""
-    from helpers import config_text, number, read_stats
+    from helpers import config_text, number, read_stats, rows_by_model
     from mergekit_ram import report, statistics
 
     run = merged(config_text(qwen_bf16, "ABC"))
     stats = mergekit_ram.agent_statistics(
         qwen_bf16.stored("base"), {qwen_bf16.path(a): qwen_bf16.stored(a) for a in "ABC"}, epsilon=1e-5
     )
-    for row in read_stats(run.out)["agents"]:
-        s = stats[row["model"]]
-        numbers = {k: v for k, v in row.items() if k not in ("model", "identity", "rho_source", "lambda", "rho")}
+    for model, row in rows_by_model(read_stats(run.out)).items():
+        s = stats[model]
+        numbers = {k: v for k, v in row.items() if k not in ("label", "rho_source", "lambda", "rho")}
         for key, value in numbers.items():
             attribute = "rho" if key == "rho_counted" else key
             if getattr(s, attribute) is None:  # the API counts without diagnostics: the name is there

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import models
-from helpers import closed_form, config_text, strict_json, validate_schema
+from helpers import closed_form, config_text, rows_by_model, strict_json, validate_schema
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -77,7 +77,9 @@ def test_inspect_table_json_and_plot(merged, qwen_bf16, tmp_path, capsys):
     assert "lambda (r=0.1, alpha=2)" in head
     check_rows(rows, totals, lambda rho: 1 + 0.1 * min(rho, 2.0))
     assert "(computed; rho per model)" in out
-    assert f"base: {qwen_bf16.path('base')}; {sum(t.numel() for t in qwen_bf16.family.base.values()):,} parameters" in out
+    numel = sum(t.numel() for t in qwen_bf16.family.base.values())
+    assert f"base: base ({qwen_bf16.path('base')}); {numel:,} parameters" in out
+    assert f"agents: {', '.join(f'{a} ({qwen_bf16.path(a)})' for a in 'ABC')}" in out  # each path once, by its label
     assert "warning" not in err
 
     # JSON: the ram_stats.json of a real merge of the same config
@@ -87,13 +89,12 @@ def test_inspect_table_json_and_plot(merged, qwen_bf16, tmp_path, capsys):
     assert report == merge_report
 
     # diagnostics: per agent and per pair, as in the JSON
-    labels = {qwen_bf16.path(a): a for a in "ABC"}
     printed = out.split("Diagnostics", 1)[1]
     for row in report["agents"]:
-        want = [labels[row["model"]], f"{100 * row['magnitude_unique_share']:.2f}%", f"{100 * row['single_step_share']:.2f}%"]
+        want = [row["label"], f"{100 * row['magnitude_unique_share']:.2f}%", f"{100 * row['single_step_share']:.2f}%"]
         assert want in [line.split() for line in printed.splitlines()], (want, printed)
     for pair in report["pairs"]:
-        a, b = (labels[m] for m in pair["agents"])
+        a, b = pair["agents"]
         line = next(x for x in printed.splitlines() if x.startswith(f"{a} / {b} "))
         assert line.split()[3:] == [f"{pair['common']:,}", f"{100 * pair['same_sign_share']:.2f}%", f"{pair['cosine']:.4f}"]
 
@@ -120,7 +121,7 @@ def test_inspect_other_r_alpha_and_rule(qwen_bf16, tmp_path, capsys):
     report = json.loads(js.read_text())
     assert report["parameters"]["r"] == 0.2 and report["parameters"]["alpha"] == 1
     for row in report["agents"]:
-        assert row["lambda"] == pytest.approx(1 + 0.2 * min(totals[Path(row["model"]).name]["rho"], 1.0))
+        assert row["lambda"] == pytest.approx(1 + 0.2 * min(totals[row["label"]]["rho"], 1.0))
     # A's rho (1.44) is below the paper's alpha but above 1: the clip shows
     assert totals["A"]["rho"] > 1 and rows["A"][-1] == "1.2000"
 
@@ -162,7 +163,7 @@ def test_dense_agent_warns_on_stderr(qwen_bf16, tmp_path, capsys):
     js = tmp_path / "s.json"
     code, out, err = inspect(capsys, cfg, "--json", js)
     assert code == 0, err
-    density = next(a["density"] for a in json.loads(js.read_text())["agents"] if a["model"] == str(path))
+    density = rows_by_model(json.loads(js.read_text()))[str(path)]["density"]
     assert density > 0.9
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1, err
@@ -235,7 +236,9 @@ def test_non_ramplus_config_is_inspected(qwen_bf16, tmp_path, capsys):
     check_rows(table_rows(out)[1], totals, lambda rho: 1 + 0.1 * min(rho, 2.0))
     report = json.loads(js.read_text())
     assert report["method"] == "ramplus"
-    assert {a["model"]: a["active"] for a in report["agents"]} == {qwen_bf16.path(a): totals[a]["active"] for a in "ABC"}
+    assert {m: a["active"] for m, a in rows_by_model(report).items()} == {
+        qwen_bf16.path(a): totals[a]["active"] for a in "ABC"
+    }
 
 
 @pytest.mark.quick
@@ -331,7 +334,7 @@ def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_o
     taken = set(MergeOptions.model_fields) - set(RECORDED_OPTIONS) - set(WRITES)
     assert taken <= names and not (set(MergeOptions.model_fields) - taken) & names
     assert {"gpu_rich", "device", "cuda", "num_threads", "read_to_gpu", "multi_gpu", "low_cpu_memory"} <= taken
-    assert {"out_dir", "as_json", "inputs", "trust"} <= names
+    assert {"target", "as_json", "inputs", "inputs_from", "input_dir", "trust"} <= names
     quiet = [p for p in command.params if "-q" in p.opts or "--quiet" in p.opts]
     assert len(quiet) == 1 and set(quiet[0].opts) == {"-q", "--quiet"}, [p.opts for p in quiet]
     from mergekit_ram._mergekit import verification
@@ -349,6 +352,9 @@ def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_o
     options = seen["options"]
     assert isinstance(options, MergeOptions)
     assert options.gpu_rich and options.num_threads == 3 and options.quiet and not options.trust_remote_code
+    from mergekit_ram import verdict
+
+    assert cli.CANNOT_CHECK == verdict.EXIT["cannot check"]
 
 
 @pytest.mark.quick
@@ -392,6 +398,8 @@ HEAVY = ("torch", "mergekit", "transformers")
         ["inspect", "CONFIG", "--out-shard-size", "1B"],
         ["verify"],
         ["verify", "NOWHERE", "--input", "no-equals-sign"],
+        ["verify", "NOWHERE", "--inputs-from", "no-equals-sign"],
+        ["verify", "NOWHERE", "--input-dir", "NOWHERE/copies"],
         ["verify", "NOWHERE", "--no-such-flag"],
     ],
     ids=lambda args: " ".join(args),

@@ -109,6 +109,7 @@ def test_json_follows_the_schema():
         "format": "mergekit-ram/verify",
         "format_version": 2,
         "folder": FOLDER,
+        "hub": None,
         "entry_point": "run_merge",
         "result": "differs",
         "exit_code": 1,

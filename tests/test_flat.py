@@ -21,7 +21,7 @@ from mergekit.options import MergeOptions
 
 import models
 import reference as R
-from helpers import closed_form, differing, flat_config_text, number, read_stats, run_flat, validate_schema
+from helpers import closed_form, differing, flat_config_text, number, read_stats, rows_by_model, run_flat, validate_schema
 
 from mergekit_ram import report
 
@@ -52,7 +52,8 @@ def _counts_match(report, flat, fmt, agents=AGENTS, names=None):
     """ram_stats.json's per-agent totals and per-tensor counts equal the closed form of the regions."""
     per_tensor, totals = closed_form(flat.family, agents)
     names = set(flat.family.shapes if names is None else names)
-    rows = {a["model"]: a for a in report["agents"]}
+    rows = rows_by_model(report)
+    label = {row["model"]: name for name, row in report["inputs"].items()}
     numel = sum(flat.family.base[n].numel() for n in names)
     for a in agents:
         row, want = rows[flat.path(a, fmt)], totals[a]
@@ -70,7 +71,7 @@ def _counts_match(report, flat, fmt, agents=AGENTS, names=None):
     tensors = {t["name"]: t for t in report["tensors"]}
     assert set(tensors) == names
     for name in names:
-        assert tensors[name]["counts"] == {flat.path(a, fmt): per_tensor[name][a] for a in agents}, name
+        assert tensors[name]["counts"] == {label[flat.path(a, fmt)]: per_tensor[name][a] for a in agents}, name
 
 
 def _record(flat, fmt, text_dtype, union=False, intersection=False, agents=AGENTS):
@@ -107,10 +108,10 @@ def test_mlp_bf16_merge_is_the_reference_and_counts_the_known_sets(flat_mlp, fmt
     validate_schema(report)
     _counts_match(report, flat_mlp, fmt)
     stats = R.reference_stats(base, sds, 1e-5)
-    for row in report["agents"]:
-        assert number(row["rho_counted"]) == stats[row["model"]].rho and row["rho_source"] == "counted"
+    for model, row in rows_by_model(report).items():
+        assert number(row["rho_counted"]) == stats[model].rho and row["rho_source"] == "counted"
     assert report["merge"] == _record(flat_mlp, fmt, "bfloat16")
-    ids = [a["identity"]["content_id"] for a in report["agents"]] + [report["base_model"]["identity"]["content_id"]]
+    ids = [row["identity"]["content_id"] for row in report["inputs"].values()]
     assert len(set(ids)) == 4  # one identity per file, not per folder
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "ram_stats.json"]
 
@@ -162,7 +163,9 @@ def test_console_script_prints_the_table_and_writes_stats_last(flat_cnn, tmp_pat
     env = {**os.environ, "MERGEKIT_RAM_CACHE": "off"}
     done = subprocess.run([str(script), str(config), str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "RAM+ statistics (computed):" in done.stderr and flat_cnn.path("A", "pt") in done.stderr
+    table = done.stderr.split("RAM+ statistics (computed):", 1)[1].split("\n\n", 1)[0]
+    assert [line.split()[0] for line in table.strip().splitlines()[2:5]] == ["A.pt", "B.pt", "C.pt"], table
+    assert flat_cnn.path("A", "pt") not in table  # each agent by its label, as in ram_stats.json (issue 40)
     model, stats = out / "model.safetensors", out / "ram_stats.json"
     assert stats.stat().st_mtime_ns >= model.stat().st_mtime_ns  # the marker of a finished merge, last
     validate_schema(read_stats(out))
@@ -246,7 +249,7 @@ def test_intersection_counts_and_merges_the_common_tensors_only(flat_mlp, ragged
     validate_schema(report)
     assert {t["name"] for t in report["tensors"]} == common
     assert report["merge"]["tensor_intersection"] and not report["merge"]["tensor_union"]
-    rows = {a["model"]: a for a in report["agents"]}
+    rows = rows_by_model(report)
     per_tensor, _ = closed_form(flat_mlp.family, AGENTS)
     for a in AGENTS:
         assert rows[paths[a]]["active"] == sum(per_tensor[n][a][0] for n in common)
@@ -277,13 +280,14 @@ def test_union_counts_a_tensor_over_the_agents_that_store_it_and_keeps_a_base_on
     validate_schema(report)
     assert report["merge"]["tensor_union"] and report["merge"]["config"]["models"][0]["model"] == paths["base"]
     stats = R.reference_stats(base, sds, 1e-5, counted)
-    rows = {a["model"]: a for a in report["agents"]}
+    rows = rows_by_model(report)
+    label = {row["model"]: name for name, row in report["inputs"].items()}
     for a in AGENTS:
         s = stats[paths[a]]
         assert (rows[paths[a]]["active"], rows[paths[a]]["unique"]) == (s.active, s.unique), a
         assert rows[paths[a]]["numel"] == sum(base[n].numel() for n in counted)
     tensor = next(t for t in report["tensors"] if t["name"] == "v.2.weight")
-    assert tensor["counts"][paths["B"]] == [0, 0, 0] and tensor["counts"][paths["C"]] == [0, 0, 0]
+    assert tensor["counts"][label[paths["B"]]] == [0, 0, 0] and tensor["counts"][label[paths["C"]]] == [0, 0, 0]
 
 
 @pytest.mark.quick

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ import torch
 
 import models
 import reference as R
-from helpers import BF16, closed_form, read_stats, validate_schema
+from helpers import BF16, closed_form, read_stats, rows_by_model, strict_json, validate_schema
 from hub_stub import HubStub, hub_env
 
 REPOS = {"org/base": ("base",), "org/agent-a": ("A", "C"), "org/agent-b": ("B",)}
@@ -72,6 +73,7 @@ def hub(qwen_bf16, tmp_path_factory):
         yield SimpleNamespace(
             stub=stub, root=root, home=home, old=old, new=new, labels=labels, out=root / "online",
             requests=list(stub.requests), sha={repo: stub.shas[repo][-1] for repo in REPOS},
+            stub_folders=qwen_bf16.paths,
         )
 
 
@@ -103,7 +105,7 @@ def test_hub_ids_merge_the_weights_of_each_revision(hub, qwen_bf16):
     assert any(not torch.equal(out[n], wrong[n].to(BF16)) for n in base)
     # the statistics are those of agents A, C, B (closed form of the planted index sets)
     _, totals = closed_form(qwen_bf16.family, "ACB")
-    rows = {row["model"]: row for row in read_stats(hub.out)["agents"]}
+    rows = rows_by_model(read_stats(hub.out))
     assert list(rows) == list(hub.labels)
     for model, who in hub.labels.items():
         want = totals[who]
@@ -118,8 +120,10 @@ def test_each_inputs_revision_and_content_id_are_reported(hub, qwen_bf16):
     revision = {"org/base": hub.sha["org/base"], f"org/agent-a@{hub.old}": hub.old, "org/agent-a": hub.new,
                 "org/agent-b": hub.sha["org/agent-b"]}
     weights = {"org/base": "base", **hub.labels}
-    identities = {report["base_model"]["model"]: report["base_model"]["identity"]}
-    identities.update({row["model"]: row["identity"] for row in report["agents"]})
+    identities = {row["model"]: row["identity"] for row in report["inputs"].values()}
+    labels = {row["model"]: label for label, row in report["inputs"].items()}
+    assert labels == {"org/base": "base", f"org/agent-a@{hub.old}": "agent-a", "org/agent-a": "agent-a-2",
+                      "org/agent-b": "agent-b"}  # one repository at two revisions: numbered  # fmt: skip
     assert set(identities) == set(revision)
     assert hub.old != hub.new and re.fullmatch(r"[0-9a-f]{40}", hub.old)
     for model, identity in identities.items():
@@ -130,7 +134,8 @@ def test_each_inputs_revision_and_content_id_are_reported(hub, qwen_bf16):
     section = card[card.index("## RAM+ statistics") :]
     for model, identity in identities.items():
         role = "base" if model == "org/base" else "agent"
-        row = f"| {role} | {model} | revision `{identity['revision']}`, content id `{identity['content_id'][:16]}` |"
+        row = (f"| {labels[model]} | {role} | {model} | revision `{identity['revision']}`, "
+               f"content id `{identity['content_id'][:16]}` |")  # fmt: skip
         assert row in section, row
 
 
@@ -212,9 +217,8 @@ def test_offline_snapshot_folders_merge_to_the_same_bits(hub):
         assert torch.equal(out[name], tensor), name
     # the same revisions and content ids, now under the folders' paths
     report, first = read_stats(hub.root / "offline-folders"), read_stats(hub.out)
-    assert report["base_model"] == {"model": str(folders["org/base"]), "identity": first["base_model"]["identity"]}
-    assert [(r["model"], r["identity"]) for r in report["agents"]] == [
-        (str(folders[r["model"]]), r["identity"]) for r in first["agents"]
+    assert [(row["model"], row["identity"]) for row in report["inputs"].values()] == [
+        (str(folders[row["model"]]), row["identity"]) for row in first["inputs"].values()
     ]
 
 
@@ -239,6 +243,155 @@ def test_verify_reads_each_hub_id_at_its_recorded_revision(hub, qwen_bf16):
     assert done.stdout.splitlines()[0] == f"{hub.out}: bit-identical, {len(models.load_checkpoint(hub.out))} tensors (rho counted again)"
     assert f"/api/models/org/agent-a/tree/{hub.new}" in asked  # pinned to the recorded commit
     assert not [path for path in asked if newest in path or path.endswith("/revision/main")], asked
+
+
+# ---------------------------------------------------------------- verify ORG/NAME: a merge published on the hub
+
+
+#: what verify fetches of a published merge: the files it reads (weights, JSON, YAML, the card, tokenizer files)
+FETCHED = {"README.md", "config.json", "mergekit_config.yml", "model.safetensors", "ram_stats.json"}
+
+
+@pytest.fixture(scope="module")
+def published(hub, tmp_path_factory):
+    """The online merge of hub ids published as `org/merged` beside its inputs; `org/tampered`, the same folder
+    with one element of one tensor moved; `org/extras`, the same with code and a file no loader reads."""
+    import json as _json
+
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("published")
+    tampered = Path(shutil.copytree(hub.out, root / "tampered"))
+    tensors = load_file(str(tampered / "model.safetensors"))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1).view(torch.int16)[0] += 1  # bfloat16: one step
+    save_file(tensors, str(tampered / "model.safetensors"), metadata={"format": "pt"})
+    extras = Path(shutil.copytree(hub.out, root / "extras"))
+    (extras / "modeling_custom.py").write_text("raise SystemExit('verify ran code from the hub')\n")
+    (extras / "notes.txt").write_text("not read by any loader\n")
+    served = {repo: [hub.stub_folders[who] for who in members] for repo, members in REPOS.items()}
+    served.update({"org/merged": [hub.out], "org/tampered": [tampered], "org/extras": [extras]})
+    with HubStub(served, lifetime=1800) as stub:
+        assert stub.shas["org/agent-a"][:2] == [hub.old, hub.new]  # the inputs' commits, as the merge read them
+        yield SimpleNamespace(stub=stub, tensor=name, json=_json)
+
+
+def verify_hub(published, hub, *args, offline=False):
+    before = len(published.stub.requests)
+    done = subprocess.run(
+        [_exe("mergekit-ram"), "verify", *args], capture_output=True, text=True, timeout=600,
+        env=hub_env(published.stub.url, hub.home, offline=offline), cwd=str(hub.root / "cwd"),
+    )
+    asked = [(method, path.split("?")[0]) for method, path, _ in published.stub.requests[before:]]
+    return done, asked
+
+
+def fetched(asked, repo: str) -> set:
+    """The files of `repo` the stub was asked for (HEAD or GET)."""
+    return {path.rsplit("/", 1)[1] for _, path in asked if path.startswith(f"/{repo}/resolve/")}
+
+
+@pytest.mark.quick
+def test_what_verify_fetches_and_how_it_names_the_rest(tmp_path, monkeypatch):
+    from mergekit_ram import hub as hubs
+
+    monkeypatch.chdir(tmp_path)
+    assert hubs.parse("org/name") == ("org/name", "main") and hubs.parse("org/name@v1.0") == ("org/name", "v1.0")
+    for folder in ("/abs/path", "./org/name", "a/b/c", "org/name@", "org/na--me", "name"):
+        assert hubs.parse(folder) is None, folder
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    assert hubs.parse("org/name") is None  # a folder of that name wins, as mergekit resolves inputs
+    read = ["ram_stats.json", "mergekit_config.yml", "README.md", "config.json", "model.safetensors",
+            "model.safetensors.index.json", "pytorch_model.bin", "tokenizer.json", "adapter_config.json",
+            "generation_config.json", "additional_chat_templates/tool.jinja"]  # fmt: skip
+    unread = ["modeling_x.py", "sub/model.safetensors", "notes.txt", ".gitattributes", "model.fp16.safetensors"]
+    assert [name for name in read + unread if hubs.wanted(name)] == read  # a shard an index names: fetched later
+    found = hubs.Published("org/x", "main", "0" * 40, str(tmp_path), ("a.py", "notes.txt"))
+    files, blocked, unchecked = found.unfetched(trusted=False)
+    assert files == ["a.py: Python code on the Hub (not fetched), which transformers runs with trust_remote_code; "
+                     "the merge writes no such file"] and blocked == []  # fmt: skip
+    assert unchecked == ["notes.txt (on the Hub, not fetched: no loader reads them)"]
+    files, blocked, _ = found.unfetched(trusted=True)  # the merge wrote its donor's code: only bytes would tell
+    assert files == [] and blocked[0].startswith("a.py: Python code on the Hub (not fetched)")
+
+
+def test_verify_a_merge_on_the_hub_fetches_only_what_it_reads(hub, published):
+    """`mergekit-ram verify ORG/NAME`: the files verify reads, fetched into the hub cache at the commit main names
+    (recorded in the verdict), then checked as a folder, the inputs read at their recorded revisions."""
+    done, asked = verify_hub(published, hub, "org/merged", "--json", "-q")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    found = strict_json(done.stdout)
+    sha = published.stub.shas["org/merged"][-1]
+    assert found["hub"] == {"repository": "org/merged", "requested": "main", "revision": sha}
+    assert found["result"] == "identical" and found["headline"].startswith(f"org/merged@{sha}: bit-identical, ")
+    assert found["folder"] == str(hub.home / "hub" / "models--org--merged" / "snapshots" / sha)
+    assert {row["label"]: row["status"] for row in found["inputs"]} == dict.fromkeys(
+        ["base", "agent-a", "agent-a-2", "agent-b"], "same"
+    )
+    assert "the card's RAM+ section" in found["checked"]
+    assert fetched(asked, "org/merged") == FETCHED  # tokenizer files too, where the merge copied them
+    assert not [path for _, path in asked if path.endswith(".py")]
+    # a pinned revision: the same commit, asked for by its hash
+    done, _ = verify_hub(published, hub, f"org/merged@{sha}", "-q")
+    assert done.returncode == 0 and done.stdout.startswith(f"org/merged@{sha}: bit-identical, "), done.stdout
+
+
+def test_a_tampered_file_on_the_hub_is_named(hub, published):
+    done, _ = verify_hub(published, hub, "org/tampered", "--json", "-q")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    found = strict_json(done.stdout)
+    assert found["result"] == "differs" and [row["name"] for row in found["tensors"]] == [published.tensor]
+    assert found["tensors"][0]["differing"] == 1 and found["hub"]["repository"] == "org/tampered"
+
+
+def test_code_on_the_hub_is_named_never_fetched(hub, published):
+    """A `.py` file in the repository is code transformers runs with trust_remote_code: named from the listing,
+    never downloaded; a file no loader reads is named as not checked, not downloaded either."""
+    done, asked = verify_hub(published, hub, "org/extras", "-q")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "  modeling_custom.py: Python code on the Hub (not fetched), which transformers runs" in done.stdout
+    assert "Not checked: notes.txt (on the Hub, not fetched" in done.stdout
+    assert fetched(asked, "org/extras") == FETCHED
+    assert "verify ran code" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("args, offline, said", [
+    (["org/nothing"], False, "org/nothing@main: no such model repository on http://127.0.0.1:"),
+    (["org/merged@" + "0" * 40], False, f"org/merged@{'0' * 40}: the repository on http://127.0.0.1:"),
+    (["org/merged"], True, "org/merged@main: HF_HUB_OFFLINE is set, so the Hub is not asked for its files"),
+], ids=["no-repository", "no-revision", "offline"])  # fmt: skip
+def test_a_repository_the_hub_cannot_give_is_one_line_exit_3(hub, published, args, offline, said):
+    done, asked = verify_hub(published, hub, *args, offline=offline)
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
+    assert done.stdout == "" and done.stderr.splitlines()[-1].startswith(f"mergekit-ram verify: cannot check: {said}")
+    assert len([line for line in done.stderr.splitlines() if line.strip()]) == 1, done.stderr
+    assert (asked == []) == offline  # offline: nothing asked
+    done, _ = verify_hub(published, hub, *args, "--json", offline=offline)
+    found = strict_json(done.stdout)
+    assert done.returncode == 3 and found["result"] == "cannot check" and found["error"].startswith(said)
+    assert found["hub"] == {"repository": args[0].split("@")[0], "requested": args[0].partition("@")[2] or "main",
+                            "revision": None}  # fmt: skip
+
+
+def test_an_unreachable_hub_is_one_line_exit_3_before_torch_loads(hub, tmp_path):
+    """No server at HF_ENDPOINT: one line, exit 3, and neither torch nor mergekit imported to say it."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{free.getsockname()[1]}"  # closed again: connections are refused
+    code = (
+        "import json, sys\n"
+        "from mergekit_ram import cli\n"
+        "code = cli.main(['verify', 'org/merged'])\n"
+        "print('LOADED', json.dumps([m for m in ('torch', 'mergekit') if m in sys.modules]), code)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env=hub_env(url, tmp_path / "home"), cwd=str(tmp_path))  # fmt: skip
+    assert done.stdout.strip() == "LOADED [] 3", done.stdout + done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"mergekit-ram verify: cannot check: org/merged@main: the Hub at {url} could not be asked (")
 
 
 # ---------------------------------------------------------------- the stub itself

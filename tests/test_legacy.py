@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 import models
-from helpers import check_against_reference, closed_form, read_stats, validate_schema
+from helpers import check_against_reference, closed_form, read_stats, rows_by_model, validate_schema
 
 
 def _exe(name: str) -> str:
@@ -47,7 +47,7 @@ def test_legacy_ramplus_is_the_global_rho_merge(legacy, qwen_bf16):
     validate_schema(report)
     assert report["merge"]["entry_point"] == "run_merge"
     _, totals = closed_form(qwen_bf16.family, "ABC")
-    rows = {row["model"]: row for row in report["agents"]}
+    rows = rows_by_model(report)
     for agent in "ABC":
         row = rows[qwen_bf16.path(agent)]
         assert (row["active"], row["shared"], row["unique"]) == (

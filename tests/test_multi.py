@@ -25,7 +25,7 @@ import torch
 import models
 import reference as R
 from helpers import console_script
-from helpers import BF16, check_against_reference, closed_form, read_stats, validate_schema
+from helpers import BF16, check_against_reference, closed_form, read_stats, rows_by_model, validate_schema
 
 LOG_SKIP = "INFO:multimerge:Model already exists at {}, skipping"
 LOG_RUN = "INFO:multimerge:Running merge for {}"
@@ -95,7 +95,7 @@ def test_ramplus_stage_matches_the_float64_reference(multi, qwen_bf16):
     # the same stage merged by itself (tests/test_method.py's case) gives the same statistics
     report = read_stats(multi.ram)
     _, totals = closed_form(qwen_bf16.family, "AB")
-    rows = {row["model"]: row for row in report["agents"]}
+    rows = rows_by_model(report)
     assert set(rows) == {qwen_bf16.path("A"), qwen_bf16.path("B")}
     for agent in "AB":
         row = rows[qwen_bf16.path(agent)]
@@ -108,12 +108,12 @@ def test_ramplus_stage_writes_its_report_in_its_own_folder(multi, qwen_bf16):
     report = read_stats(multi.ram)
     validate_schema(report)
     assert report["statistics"] == "computed"
-    assert report["base_model"]["model"] == qwen_bf16.path("base")
+    assert report["inputs"][report["base_model"]]["model"] == qwen_bf16.path("base")
     card = (multi.ram / "README.md").read_text(encoding="utf-8")
     assert card.count("## RAM+ statistics") == 1
     section = card[card.index("## RAM+ statistics") :]
     for agent in "AB":
-        assert f"| agent | {qwen_bf16.path(agent)} | content id `" in section
+        assert f"| {agent} | agent | {qwen_bf16.path(agent)} | content id `" in section
     # mergekit-multi gives each stage its normalized configuration: ramplus is what ran
     assert "merge_method: ramplus" in (multi.ram / "mergekit_config.yml").read_text(encoding="utf-8")
 

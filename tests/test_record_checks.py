@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from mergekit_ram import record_checks
+from mergekit_ram.input_copies import input_pairs, local_copies
 from mergekit_ram.record_checks import NotVerifiable, Unreadable
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
@@ -28,17 +29,22 @@ HASH = "ab" * 32
 
 
 def recorded_report(**changes) -> dict:
-    """A ram_stats.json as plain data: base + A (rho counted) + B (rho given)."""
+    """A ram_stats.json as plain data (format 4): base + A (rho counted) + B (rho given), recorded under /m."""
     out = {
         "format": "mergekit-ram/ram_stats",
-        "format_version": 3,
+        "format_version": 4,
         "method": "ramplus",
         "parameters": {"epsilon": 1e-5, "r": 0.1, "alpha": 0.2, "rho_scope": "tensor"},
         "per_tensor_parameters": {},
-        "base_model": {"model": "base", "identity": {"content_id": HASH}},
+        "inputs": {
+            "base": {"role": "base", "model": "/m/base", "identity": {"content_id": HASH}},
+            "A": {"role": "agent", "model": "/m/A", "identity": {"content_id": HASH, "revision": "r1"}},
+            "B": {"role": "agent", "model": "/m/B", "identity": {}},
+        },
+        "base_model": "base",
         "agents": [
-            {"model": "A", "rho": 0.25, "rho_source": "counted", "identity": {"content_id": HASH, "revision": "r1"}},
-            {"model": "B", "rho": 0.5, "rho_source": "given", "identity": {}},
+            {"label": "A", "rho": 0.25, "rho_source": "counted"},
+            {"label": "B", "rho": 0.5, "rho_source": "given"},
         ],
         "rho_by_group": {"g0": {"A": 0.25, "B": 0.5}},
         "tied_counted_once": {},
@@ -46,6 +52,20 @@ def recorded_report(**changes) -> dict:
         "merge": {"entry_point": "run_merge", "options": {"lazy_unpickle": True}},
     }
     out.update(changes)
+    return out
+
+
+def old_report(format_version: int = 3) -> dict:
+    """The same merge as mergekit-ram wrote it in formats 1 to 3: every input named by its path, everywhere."""
+    out = {key: value for key, value in recorded_report(format_version=format_version).items() if key != "inputs"}
+    out["base_model"] = {"model": "/m/base", "identity": {"content_id": HASH}}
+    out["agents"] = [
+        {"model": "/m/A", "rho": 0.25, "rho_source": "counted", "identity": {"content_id": HASH, "revision": "r1"}},
+        {"model": "/m/B", "rho": 0.5, "rho_source": "given", "identity": {}},
+    ]
+    out["rho_by_group"] = {"g0": {"/m/A": 0.25, "/m/B": 0.5}}
+    out["pairs"] = [{"agents": ["/m/A", "/m/B"], "common": 1}]
+    out["tensors"] = [{"name": "w", "counts": {"/m/A": [1, 0, 1], "/m/B": [1, 0, 1]}}]
     return out
 
 
@@ -67,9 +87,25 @@ def write_report(folder, report) -> None:
 def test_read_report_gives_a_ramplus_report(tmp_path):
     write_report(tmp_path / "o", recorded_report())
     assert record_checks.read_report(str(tmp_path / "o")) == recorded_report()
+    assert record_checks.READABLE == (1, 2, 3, 4)
     for version in record_checks.READABLE:
-        write_report(tmp_path / "o", recorded_report(format_version=version))
+        write_report(tmp_path / "o", old_report(version) if version < 4 else recorded_report())
         assert record_checks.read_report(str(tmp_path / "o"))["format_version"] == version
+
+
+def test_a_report_written_before_labels_is_read_in_the_labelled_shape(tmp_path):
+    """Formats 1 to 3 (mergekit-ram 0.1.0 up to 4a22594) named each input by its path in every table; read, they
+    have an inputs table and labels (as a merge labels the same inputs now), their numbers and identities unchanged."""
+    write_report(tmp_path / "o", old_report(3))
+    found = record_checks.read_report(str(tmp_path / "o"))
+    want = recorded_report(format_version=3, pairs=[{"agents": ["A", "B"], "common": 1}],
+                           tensors=[{"name": "w", "counts": {"A": [1, 0, 1], "B": [1, 0, 1]}}])  # fmt: skip
+    assert found == want
+    assert [tuple(row) for row in record_checks.recorded_inputs(found)] == [
+        ("base", "/m/base", "base", {"content_id": HASH}),
+        ("A", "/m/A", "agent", {"content_id": HASH, "revision": "r1"}),
+        ("B", "/m/B", "agent", {}),
+    ]
 
 
 def test_read_report_usage_errors(tmp_path):
@@ -85,7 +121,7 @@ def test_read_report_usage_errors(tmp_path):
         ({"format": "something/else"}, "was not written by mergekit-ram"),
         ([1, 2], "was not written by mergekit-ram"),
         (recorded_report(method="ties"), "describes a 'ties' merge; verify checks ramplus merges"),
-        (recorded_report(format_version=99), "has format_version 99; this mergekit-ram reads 1, 2, 3"),
+        (recorded_report(format_version=99), "has format_version 99; this mergekit-ram reads 1, 2, 3, 4"),
     ]:
         write_report(tmp_path / "o", report)
         with pytest.raises(NotVerifiable, match=named):
@@ -98,6 +134,9 @@ def test_read_report_usage_errors(tmp_path):
         ('{"format": ', "is not valid JSON"),
         (recorded_report(agents=None), "has no 'agents'"),
         (recorded_report(parameters=[]), "has no 'parameters'"),
+        (recorded_report(inputs=None), "has no 'inputs'"),
+        (recorded_report(base_model="other"), "its inputs table does not name the base and the agents"),
+        (recorded_report(agents=[{"label": "A"}]), "its inputs table does not name the base and the agents"),
     ],
 )
 def test_read_report_data_errors(tmp_path, content, named):
@@ -173,11 +212,11 @@ def test_each_edit_of_the_plan_is_one_line():
 
 def test_other_inputs_are_named_once():
     planned = planned_report()
-    planned["base_model"]["model"] = "other"
+    planned["inputs"]["base"]["model"] = "/other/base"  # the same label, another input: still a mismatch
     planned["agents"].reverse()
     assert record_checks.plan_mismatches(recorded_report(), planned) == [
-        "base model: mergekit_config.yml plans other, ram_stats.json records base",
-        "agents: mergekit_config.yml plans B, A; ram_stats.json records A, B",
+        "base model: mergekit_config.yml plans /other/base, ram_stats.json records /m/base",
+        "agents: mergekit_config.yml plans /m/B, /m/A; ram_stats.json records /m/A, /m/B",
     ]
 
 
@@ -201,6 +240,8 @@ def test_identity_found_against_the_recorded_one():
     recorded = {"content_id": HASH, "revision": "r1"}
     check = record_checks.check_identity("A", "agent", recorded, dict(recorded))
     assert (check.status, check.detail, check.line()) == ("same", None, "input A (agent): same")
+    labelled = record_checks.check_identity("/m/A", "agent", recorded, dict(recorded), label="A")
+    assert labelled.line() == "input A (/m/A, agent): same" and labelled.as_json()["label"] == "A"
     check = record_checks.check_identity("A", "agent", recorded, {"content_id": "cd" * 32, "revision": "r1"})
     assert check.status == "changed"
     assert check.line() == f"input A (agent) changed: content_id {'cd' * 8}… now, {'ab' * 8}… recorded"
@@ -208,6 +249,7 @@ def test_identity_found_against_the_recorded_one():
     assert check.detail == "revision none now, r1 recorded"
     check = record_checks.check_identity("B", "agent", {}, {"content_id": HASH})
     assert check.status == "not recorded" and check.as_json() == {
+        "label": "B",
         "model": "B",
         "role": "agent",
         "status": "not recorded",
@@ -221,10 +263,13 @@ def test_identity_found_against_the_recorded_one():
 
 def test_recorded_inputs_are_the_base_then_the_agents():
     assert record_checks.recorded_inputs(recorded_report()) == [
-        ("base", "base", {"content_id": HASH}),
-        ("A", "agent", {"content_id": HASH, "revision": "r1"}),
-        ("B", "agent", {}),
+        ("base", "/m/base", "base", {"content_id": HASH}),
+        ("A", "/m/A", "agent", {"content_id": HASH, "revision": "r1"}),
+        ("B", "/m/B", "agent", {}),
     ]
+    assert record_checks.recorded_labels(recorded_report(), {"/copy/of/A": "/m/A"}) == {
+        "/m/base": "base", "/m/A": "A", "/m/B": "B", "/copy/of/A": "A",
+    }
 
 
 def test_versions_other_than_the_recorded_ones_are_noted():
@@ -259,32 +304,71 @@ def test_recorded_options_apply_no_code_option_without_the_users_flag():
 
 def test_local_copies_name_recorded_inputs_only(tmp_path):
     report = recorded_report()
-    assert record_checks.local_copies(report, {"A": str(tmp_path)}) == {"A": str(tmp_path)}
-    with pytest.raises(NotVerifiable, match="records no input Q \\(it records A, B, base\\)"):
-        record_checks.local_copies(report, {"Q": str(tmp_path)})
+    assert local_copies(report, {"/m/A": str(tmp_path)}) == {"/m/A": str(tmp_path)}
+    assert local_copies(report, {"A": str(tmp_path)}) == {"/m/A": str(tmp_path)}  # by label
+    with pytest.raises(NotVerifiable, match="records no input Q \\(it records base \\(/m/base\\), A \\(/m/A\\)"):
+        local_copies(report, {"Q": str(tmp_path)})
 
 
 def test_input_pairs_split_after_a_recorded_name_holding_an_equals_sign(tmp_path):
     """A sweep's folder (Hydra: `runs/lr=1e-5,seed=1/agent`) is a recorded name with `=` in it (issue 39, case 6)."""
     sweep = "runs/lr=1e-5,seed=1/agent"
     report = recorded_report()
-    report["agents"][0]["model"] = sweep
+    report["inputs"]["A"]["model"] = sweep
     copy_ = tmp_path / "a=copy"
-    assert record_checks.input_pairs(report, [f"{sweep}={copy_}"]) == {sweep: str(copy_)}
-    assert record_checks.input_pairs(report, [f"B={copy_}"]) == {"B": str(copy_)}  # split at the first = otherwise
+    assert input_pairs(report, [f"{sweep}={copy_}"]) == {sweep: str(copy_)}
+    assert input_pairs(report, [f"B={copy_}"]) == {"/m/B": str(copy_)}  # split at the first = otherwise
     with pytest.raises(NotVerifiable, match="records no input runs/lr"):
-        record_checks.input_pairs(report, [f"runs/lr=1e-5,seed=2/agent={copy_}"])
+        input_pairs(report, [f"runs/lr=1e-5,seed=2/agent={copy_}"])
     with pytest.raises(NotVerifiable, match="expected RECORDED=LOCAL"):
-        record_checks.input_pairs(report, ["no-equals-sign"])
+        input_pairs(report, ["no-equals-sign"])
 
 
 def test_input_pairs_refuse_one_input_mapped_twice(tmp_path):
     report = recorded_report()
     with pytest.raises(NotVerifiable, match=f"--input maps A twice \\({tmp_path}/x and {tmp_path}/y\\)"):
-        record_checks.input_pairs(report, [f"A={tmp_path}/x", f"A={tmp_path}/y"])
-    report["agents"][1]["model"] = "A=b"  # "A=b=c" could be either input
+        input_pairs(report, [f"A={tmp_path}/x", f"A={tmp_path}/y"])
+    with pytest.raises(NotVerifiable, match=f"--input maps A twice \\({tmp_path}/x and {tmp_path}/y\\)"):
+        input_pairs(report, [f"/m/A={tmp_path}/x", f"A={tmp_path}/y"])  # its name, then its label
+    report["inputs"]["B"]["model"] = "A=b"  # "A=b=c" could be either input
     with pytest.raises(NotVerifiable, match="begins with two recorded inputs, A and A=b"):
-        record_checks.input_pairs(report, ["A=b=c"])
+        input_pairs(report, ["A=b=c"])
+
+
+def test_inputs_from_maps_every_input_recorded_under_a_folder(tmp_path):
+    """Issue 40, item 4: four inputs under /home/alice/private-runs took four long --input flags."""
+    report = recorded_report()
+    assert local_copies(report, parents=[f"/m={tmp_path}/copies"]) == {
+        "/m/base": f"{tmp_path}/copies/base", "/m/A": f"{tmp_path}/copies/A", "/m/B": f"{tmp_path}/copies/B",
+    }
+    assert local_copies(report, parents=[f"/m/={tmp_path}/c/"]) == local_copies(report, parents=[f"/m={tmp_path}/c"])
+    # combined with --input for the rest; a parent holding "=" (a sweep's folder) is split where the record says
+    report["inputs"]["A"]["model"] = "/runs/lr=1e-5/A"
+    found = local_copies(report, [f"base={tmp_path}/b"], parents=[f"/runs/lr=1e-5={tmp_path}/sweep"])
+    assert found == {"/m/base": f"{tmp_path}/b", "/runs/lr=1e-5/A": f"{tmp_path}/sweep/A"}
+    with pytest.raises(NotVerifiable, match="no recorded input lies under /elsewhere \\(they are: /m/base, "):
+        local_copies(report, parents=[f"/elsewhere={tmp_path}"])
+    with pytest.raises(NotVerifiable, match="expected RECORDED_PARENT=LOCAL_PARENT"):
+        local_copies(report, parents=["/m"])
+    with pytest.raises(NotVerifiable, match=f"--input base={tmp_path}/b and --inputs-from /m={tmp_path} both map /m/base"):
+        local_copies(report, [f"base={tmp_path}/b"], parents=[f"/m={tmp_path}"])
+
+
+def test_input_dir_reads_the_copies_named_by_label(tmp_path):
+    report = recorded_report()
+    (tmp_path / "copies" / "A").mkdir(parents=True)
+    (tmp_path / "copies" / "base").mkdir()
+    assert local_copies(report, folder=str(tmp_path / "copies")) == {
+        "/m/base": str(tmp_path / "copies" / "base"), "/m/A": str(tmp_path / "copies" / "A"),
+    }  # B has no copy there: read as recorded
+    with pytest.raises(NotVerifiable, match="holds no copy named by an input's label \\(base, A, B\\)"):
+        local_copies(report, folder=str(tmp_path))
+    with pytest.raises(NotVerifiable, match="both map /m/A"):
+        local_copies(report, [f"A={tmp_path}/x"], folder=str(tmp_path / "copies"))
+    report["inputs"]["../../outside"] = report["inputs"].pop("B")  # a stranger's label may lead out
+    report["agents"][1]["label"] = "../../outside"
+    (tmp_path / "outside").mkdir()
+    assert "/m/B" not in local_copies(report, folder=str(tmp_path / "copies"))
 
 
 def test_a_copy_is_checked_by_its_content_not_where_it_came_from():

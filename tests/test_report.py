@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
@@ -24,7 +25,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import closed_form, config_text, inputs_of, no_weights_written, number, read_stats, stats_by_path, strict_json, validate_schema
+from helpers import closed_form, config_text, inputs_of, model_of, no_weights_written, number, read_stats, rows_by_model, stats_by_path, strict_json, validate_schema
 import reference as R
 
 LOGGER = "mergekit_ram"
@@ -38,10 +39,10 @@ def test_ram_stats_json_schema_and_closed_form(merged, qwen_bf16):
     assert report["statistics"] == "computed"
     assert report["parameters"] == {"epsilon": 1e-5, "r": 0.1, "alpha": 2.0, "rho_scope": "model", "lambda_rule": "clip"}
     assert report["per_tensor_parameters"] == {}
-    assert report["base_model"]["model"] == qwen_bf16.path("base")
+    assert report["base_model"] == "base" and model_of(report, "base") == qwen_bf16.path("base")
 
     per_tensor, totals = closed_form(qwen_bf16.family, "ABC")
-    rows = {row["model"]: row for row in report["agents"]}
+    rows = rows_by_model(report)
     assert set(rows) == {qwen_bf16.path(a) for a in "ABC"}
     for agent, want in totals.items():
         row = rows[qwen_bf16.path(agent)]
@@ -56,7 +57,10 @@ def test_ram_stats_json_schema_and_closed_form(merged, qwen_bf16):
         assert row["lambda"] == pytest.approx(1 + 0.1 * min(want["rho"], 2.0))
     assert rows[qwen_bf16.path("C")]["rho"] == "inf" and rows[qwen_bf16.path("C")]["lambda"] == pytest.approx(1.2)
     # the same numbers the pre-pass handed to the merge
-    assert {r["model"]: (r["active"], r["shared"], r["unique"]) for r in report["agents"]} == stats_by_path(run.stats)
+    assert {m: (r["active"], r["shared"], r["unique"]) for m, r in rows_by_model(report).items()} == stats_by_path(
+        run.stats
+    )
+    assert [row["label"] for row in report["agents"]] == list("ABC")  # each input by its folder's name
 
     # per tensor: every stored tensor once, the closed form, summing to the totals
     names = [t["name"] for t in report["tensors"]]
@@ -64,12 +68,11 @@ def test_ram_stats_json_schema_and_closed_form(merged, qwen_bf16):
     for t in report["tensors"]:
         assert t["numel"] == qwen_bf16.family.base[t["name"]].numel()
         assert t["epsilon"] == 1e-5
-        assert t["counts"] == {qwen_bf16.path(a): per_tensor[t["name"]][a] for a in "ABC"}, t["name"]
+        assert t["counts"] == {a: per_tensor[t["name"]][a] for a in "ABC"}, t["name"]
     for agent, want in totals.items():
-        path = qwen_bf16.path(agent)
-        assert sum(t["counts"][path][0] for t in report["tensors"]) == want["active"]
-        assert sum(t["counts"][path][1] for t in report["tensors"]) == want["unique"]
-        assert sum(t["counts"][path][2] for t in report["tensors"]) == want["shared_with_1"]
+        assert sum(t["counts"][agent][0] for t in report["tensors"]) == want["active"]
+        assert sum(t["counts"][agent][1] for t in report["tensors"]) == want["unique"]
+        assert sum(t["counts"][agent][2] for t in report["tensors"]) == want["shared_with_1"]
     assert sum(t["numel"] for t in report["tensors"]) == totals["A"]["numel"]
 
 
@@ -80,7 +83,8 @@ def test_diagnostics_equal_the_float64_definitions_over_the_stored_tensors(merge
     run = merged(config_text(qwen_bf16, agents))
     report = strict_json((run.out / "ram_stats.json").read_text(encoding="utf-8"))
     base, sds = inputs_of(qwen_bf16, agents)
-    paths = [qwen_bf16.path(a) for a in agents]
+    paths = list(agents)  # the labels: the folders' names
+    sds = {a: sds[qwen_bf16.path(a)] for a in agents}
     single = dict.fromkeys(paths, 0)
     magnitude = {p: [0.0, 0.0] for p in paths}
     pairs = {}
@@ -99,7 +103,7 @@ def test_diagnostics_equal_the_float64_definitions_over_the_stored_tensors(merge
             total = pairs.setdefault((a, b), [0, 0, 0.0, 0.0, 0.0])
             for k, v in enumerate(ref):
                 total[k] += v
-    rows = {row["model"]: row for row in report["agents"]}
+    rows = {row["label"]: row for row in report["agents"]}
     for p in paths:
         assert rows[p]["single_step"] == single[p]
         assert rows[p]["single_step_share"] == pytest.approx(single[p] / rows[p]["active"], rel=1e-12)
@@ -120,14 +124,14 @@ def test_content_ids_tell_inputs_apart_and_ignore_where_they_live(merged, qwen_b
     from mergekit_ram import cache, report
 
     stats = read_stats(merged(config_text(qwen_bf16, "ABC")).out)
-    ids = [stats["base_model"]["identity"]["content_id"]] + [a["identity"]["content_id"] for a in stats["agents"]]
+    ids = [row["identity"]["content_id"] for row in stats["inputs"].values()]
     assert len(set(ids)) == 4
     # a copy elsewhere (other path, mtimes, inodes) has the same content id
     copy = tmp_path / "copy-of-A"
     shutil.copytree(qwen_bf16.paths["A"], copy)
     os.utime(copy / "model.safetensors", (1_000_000_000, 1_000_000_000))
     same = report.public_identity(cache.folder_identity(str(copy)))
-    assert same == next(a for a in stats["agents"] if a["model"] == qwen_bf16.path("A"))["identity"]
+    assert same == stats["inputs"]["A"]["identity"] and stats["inputs"]["A"]["model"] == qwen_bf16.path("A")
     # a Hugging Face hub snapshot folder also names its revision
     snapshot = tmp_path / "models--org--agent-a" / "snapshots" / "0123abcd"
     shutil.copytree(qwen_bf16.paths["A"], snapshot)
@@ -140,7 +144,7 @@ def test_given_rho_is_reported_as_given(run_yaml, qwen_bf16):
     report = read_stats(run.out)
     validate_schema(report)
     _, totals = closed_form(qwen_bf16.family, "AB")
-    rows = {row["model"]: row for row in report["agents"]}
+    rows = rows_by_model(report)
     a, b = rows[qwen_bf16.path("A")], rows[qwen_bf16.path("B")]
     assert a["rho"] == 0.5 and a["rho_source"] == "given" and a["lambda"] == pytest.approx(1.05)
     assert a["rho_counted"] == pytest.approx(totals["A"]["rho"])
@@ -193,10 +197,9 @@ def test_model_card_keeps_mergekit_content_and_adds_statistics(merged, qwen_bf16
 
     _, totals = closed_form(qwen_bf16.family, "ABC")
     rows = card_table(section, "| agent |")
-    assert [r[0] for r in rows] == [a["model"] for a in read_stats(run.out)["agents"]]
-    assert sorted(r[0] for r in rows) == sorted(qwen_bf16.path(a) for a in "ABC")
+    assert [r[0] for r in rows] == [a["label"] for a in read_stats(run.out)["agents"]] == list("ABC")
     for row in rows:
-        want = totals[Path(row[0]).name]
+        want = totals[row[0]]
         active = want["active"]
         assert row[1:] == [
             f"{100 * want['density']:.2f}%",
@@ -206,11 +209,15 @@ def test_model_card_keeps_mergekit_content_and_adds_statistics(merged, qwen_bf16
             "inf" if math.isinf(want["rho"]) else f"{want['rho']:.4g}",
             f"{1 + 0.1 * min(want['rho'], 2.0):.4f}",
         ], row[0]
-    inputs = card_table(section, "| role | model | identity |")
+    inputs = card_table(section, "| label | role | input | identity |")
     report = read_stats(run.out)
-    expected = [["base", qwen_bf16.path("base"), f"content id `{report['base_model']['identity']['content_id'][:16]}`"]]
-    expected += [["agent", a["model"], f"content id `{a['identity']['content_id'][:16]}`"] for a in report["agents"]]
-    assert inputs == expected
+    expected = [[label, row["role"], row["model"], f"content id `{row['identity']['content_id'][:16]}`"]
+                for label, row in report["inputs"].items()]  # fmt: skip
+    assert inputs == expected and [r[:3] for r in inputs] == [["base", "base", qwen_bf16.path("base")]] + [
+        [a, "agent", qwen_bf16.path(a)] for a in "ABC"
+    ]
+    for name in ("base", *"ABC"):  # the plugin's section names each input's path once: in the inputs table
+        assert section.count(qwen_bf16.path(name)) == 1, name
     assert "ram_stats.json" in section
 
 
@@ -225,11 +232,13 @@ def test_r_zero_card_says_not_computed_but_lists_inputs(run_yaml, qwen_bf16):
     section = body[body.index("## RAM+ statistics") :]
     assert "Statistics were not computed" in section
     rows = card_table(section, "| agent |")
-    assert sorted(r[0] for r in rows) == sorted(qwen_bf16.path(a) for a in "ABC")
+    assert [r[0] for r in rows] == list("ABC")
     assert all(r[1] == "—" and r[-1] == "1.0000" for r in rows)
-    inputs = card_table(section, "| role | model | identity |")
-    assert [r[:2] for r in inputs] == [["base", qwen_bf16.path("base")]] + [["agent", a["model"]] for a in report["agents"]]
-    assert all(r[2].startswith("content id `") for r in inputs)
+    inputs = card_table(section, "| label | role | input | identity |")
+    assert [r[:3] for r in inputs] == [["base", "base", qwen_bf16.path("base")]] + [
+        [a, "agent", qwen_bf16.path(a)] for a in "ABC"
+    ]
+    assert all(r[3].startswith("content id `") for r in inputs)
 
 
 def test_no_model_card_still_writes_ram_stats(run_yaml, qwen_bf16):
@@ -316,7 +325,7 @@ def test_rho_scope_and_lambda_rule_match_reference(merged, run_yaml, qwen_bf16, 
     assert report["parameters"]["rho_scope"] == rho_scope and report["parameters"]["lambda_rule"] == lambda_rule
     _, totals = closed_form(qwen_bf16.family, agents)
     for row in report["agents"]:  # whole-model rho; lambda by the rule
-        rho = totals[Path(row["model"]).name]["rho"]
+        rho = totals[row["label"]]["rho"]
         assert number(row["rho"]) == pytest.approx(rho)
         want = 1 + r * (1.0 if math.isinf(rho) else rho / (1 + rho)) if lambda_rule == "soft" else 1 + r * min(rho, 2.0)
         assert row["lambda"] == pytest.approx(want)
@@ -324,7 +333,7 @@ def test_rho_scope_and_lambda_rule_match_reference(merged, run_yaml, qwen_bf16, 
         groups = R.reference_group_rhos(base, agent_sds, 1e-5, list(base), rho_scope)
         assert set(report["rho_by_group"]) == set(groups)
         for group, rhos in groups.items():
-            got = {a: number(v) for a, v in report["rho_by_group"][group].items()}
+            got = {model_of(report, a): number(v) for a, v in report["rho_by_group"][group].items()}
             assert got == pytest.approx(rhos), group
     if rho_scope == "layer":
         # blocks are groups; embeddings, final norm and lm_head each stand alone
@@ -332,7 +341,7 @@ def test_rho_scope_and_lambda_rule_match_reference(merged, run_yaml, qwen_bf16, 
             "model.layers.0", "model.layers.1", "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"
         }
     if lambda_rule == "soft":
-        c = next(row for row in report["agents"] if row["model"] == qwen_bf16.path("C"))
+        c = rows_by_model(report)[qwen_bf16.path("C")]
         assert c["rho"] == "inf" and c["lambda"] == pytest.approx(1 + r)
 
 
@@ -345,8 +354,8 @@ def test_rho_per_tensor_with_epsilon_zero_has_no_nan(run_yaml, qwen_bf16):
         assert bool(torch.isfinite(t).all()), name
     _reference_run(run, qwen_bf16, agents, eps=0.0, rho_scope="tensor")
     report = read_stats(run.out)
-    z = qwen_bf16.path("Z")
-    assert all(number(g[z]) == math.inf for g in report["rho_by_group"].values())
+    assert model_of(report, "Z") == qwen_bf16.path("Z")
+    assert all(number(g["Z"]) == math.inf for g in report["rho_by_group"].values())
     # mergekit's tensor-local ramplus_tl turns exactly this into NaN
     theirs = run_yaml(config_text(qwen_bf16, agents, method="ramplus_tl", parameters="epsilon: 0"))
     assert any(bool(torch.isnan(t).any()) for t in theirs.tensors.values())
@@ -494,59 +503,32 @@ def test_card_for_a_hub_reader(merged, qwen_bf16):
     assert "one ρ per agent, counted over the whole model" in section and "ρ per model" not in section
     assert "pip install mergekit-ram" not in section and "not on PyPI" in section
     assert f"mergekit-ram {version('mergekit-ram')} is not on PyPI" in section
-    assert f"`mergekit=={version('mergekit')}`" in section and "`mergekit-ram verify <folder>`" in section
+    assert f"`mergekit=={version('mergekit')}`" in section
+    assert "`mergekit-ram verify ORG/NAME`" in section and "`mergekit-ram verify FOLDER`" in section
     stats = read_stats(run.out)
     source = stats["mergekit_ram_source"]
-    assert "checkout" not in source and "/" not in source.get("commit", "")  # never a local path
-    if source["installed_from"] == "checkout" and (root / ".git").exists():
+    text = (run.out / "ram_stats.json").read_text(encoding="utf-8")
+    assert str(root) not in json.dumps(source) and str(root) not in section  # never a local path
+    assert str(root) not in text
+    if source["installed_from"] in ("checkout", "editable") and (root / ".git").exists():
         if head_commit.returncode == 0:
             assert source["commit"] == head_commit.stdout.strip()
-            assert f"at commit `{source['commit']}`" in section
+            assert f"at commit `{source['commit']}`" in section or f"@{source['commit']}" in section
 
 
 @pytest.mark.quick
 def test_card_front_matter_names_hub_ids_and_the_method():
-    from mergekit_ram import report
+    from mergekit_ram import card as cards
+    from mergekit_ram import labels
 
     card = "---\nbase_model: []\nlibrary_name: transformers\ntags:\n- mergekit\n- merge\n---\n# body\n"
     snapshot = "/home/u/.cache/huggingface/hub/models--Qwen--Qwen2.5-7B-Instruct/snapshots/0123abc"
-    ids = [report.hub_id(snapshot), report.hub_id("/data/my-model")]
+    ids = [labels.hub_id(snapshot), labels.hub_id("/data/my-model")]
     assert ids == ["Qwen/Qwen2.5-7B-Instruct", None]
-    out = report.card_front_matter(card, [i for i in ids if i])
+    out = cards.card_front_matter(card, [i for i in ids if i])
     meta = yaml.safe_load(out.split("---\n")[1])
     assert meta["base_model"] == ["Qwen/Qwen2.5-7B-Instruct"] and meta["base_model_relation"] == "merge"
     assert meta["tags"] == ["mergekit", "merge", "ramplus"] and out.endswith("---\n# body\n")
-    assert report.card_front_matter(out, []) .count("ramplus") == 1  # idempotent
-    empty = yaml.safe_load(report.card_front_matter(card, []).split("---\n")[1])
+    assert cards.card_front_matter(out, []).count("ramplus") == 1  # idempotent
+    empty = yaml.safe_load(cards.card_front_matter(card, []).split("---\n")[1])
     assert "base_model" not in empty and "base_model_relation" not in empty
-
-
-@pytest.mark.parametrize(
-    "recorded, want",
-    [
-        ({"url": "https://example.org/ram.git", "vcs_info": {"vcs": "git", "commit_id": "abc"}},
-         {"installed_from": "git", "git": "https://example.org/ram.git", "commit": "abc"}),
-        ({"url": "file:///tmp/dist/mergekit_ram-0.1.0-py3-none-any.whl", "archive_info": {"hashes": {"sha256": "f0"}}},
-         {"installed_from": "archive", "archive": "mergekit_ram-0.1.0-py3-none-any.whl", "sha256": "f0"}),
-        ({"url": "file:///nowhere/checkout", "dir_info": {}}, {"installed_from": "checkout"}),
-        (None, {"installed_from": "index"}),
-    ],
-    ids=["git", "wheel", "checkout-without-git", "index"],
-)
-def test_where_mergekit_ram_was_installed_from(monkeypatch, recorded, want):
-    import json
-    from importlib import metadata
-
-    from mergekit_ram import report
-
-    class Dist:
-        def read_text(self, name):
-            return json.dumps(recorded) if recorded is not None and name == "direct_url.json" else None
-
-    monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
-    assert report.installed_from() == want
-    sentence = report.reproduce_sentence({"versions": {"mergekit-ram": "0.1.0", "mergekit": "0.1.5", "torch": "2"},
-                                          "mergekit_ram_source": want})  # fmt: skip
-    assert "not on PyPI" in sentence and "mergekit-ram verify" in sentence
-    for value in (want.get("commit"), want.get("sha256"), want.get("archive")):
-        assert value is None or value in sentence

@@ -67,13 +67,13 @@ def test_two_merges_on_two_threads_keep_their_own_statistics(qwen_bf16, tmp_path
         run_merge(config, str(alone), options=options, config_source=texts[agents])
         report = json.loads((out / "ram_stats.json").read_text(encoding="utf-8"))
         expected = json.loads((alone / "ram_stats.json").read_text(encoding="utf-8"))
-        assert [a["model"] for a in report["agents"]] == [qwen_bf16.path(a) for a in agents]
+        assert [report["inputs"][a["label"]]["model"] for a in report["agents"]] == [qwen_bf16.path(a) for a in agents]
         for mine, theirs in zip(report["agents"], expected["agents"], strict=True):
             assert mine == theirs, agents
         card = (out / "README.md").read_text(encoding="utf-8")
         assert "## RAM+ statistics" in card
         for a in "ABC":
-            assert (f"| agent | {qwen_bf16.path(a)} |" in card) == (a in agents), (agents, a)
+            assert (f"| {a} | agent | {qwen_bf16.path(a)} |" in card) == (a in agents), (agents, a)
     assert session.current() is None
 
 
@@ -97,6 +97,6 @@ def test_a_planner_driven_directly_gets_its_own_session(qwen_bf16, tmp_path):
     for _ in Executor(targets=tasks, math_device="cpu", storage_device="cpu").run(quiet=True):
         pass
     report = json.loads((tmp_path / "ram_stats.json").read_text(encoding="utf-8"))
-    assert [a["model"] for a in report["agents"]] == [qwen_bf16.path(a) for a in agents]
+    assert [report["inputs"][a["label"]]["model"] for a in report["agents"]] == [qwen_bf16.path(a) for a in agents]
     assert all(a["rho_source"] == "counted" for a in report["agents"])
     assert session.current() is None

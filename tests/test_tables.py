@@ -31,17 +31,16 @@ def test_format_number():
     assert tables.format_number(math.inf) == "inf" and tables.format_number(1.23456) == "1.235"
 
 
-def test_short_labels_only_when_distinct():
-    assert tables.short_labels(["/m/a", "/n/b@rev"]) == {"/m/a": "a", "/n/b@rev": "b"}
-    assert tables.short_labels(["/m/a", "/n/a"]) == {"/m/a": "/m/a", "/n/a": "/n/a"}
+def test_a_label_is_escaped_in_a_markdown_cell():
+    assert tables.cell("a|b") == "a\\|b"
 
 
 def test_agent_rows_for_counted_given_and_uncounted_agents():
     report = {
         "agents": [
-            {"model": "a", "density": 0.5, "unique_share": 0.25, "shared_with_1_share": 0.5,
+            {"label": "a", "density": 0.5, "unique_share": 0.25, "shared_with_1_share": 0.5,
              "shared_with_2plus_share": 0.25, "rho": 3.0, "rho_source": "counted", "lambda": 1.2},
-            {"model": "b", "rho": "inf", "rho_source": "given", "lambda": None},
+            {"label": "b", "rho": "inf", "rho_source": "given", "lambda": None},
         ]
     }
     assert tables.agent_rows(report) == [

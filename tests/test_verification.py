@@ -174,7 +174,8 @@ def test_merge_record_names_the_options_that_change_the_merge(merged, qwen_bf16)
 @pytest.mark.quick
 def test_card_names_verify(merged, qwen_bf16):
     card = (merged(config_text(qwen_bf16, ["A", "B"])).out / "README.md").read_text(encoding="utf-8")
-    assert "check this folder against its inputs with `mergekit-ram verify <folder>`" in card
+    assert "`mergekit-ram verify ORG/NAME`, with this repository's id on the Hub" in card
+    assert "`mergekit-ram verify FOLDER` for a copy of this folder" in card
 
 
 # ---------------------------------------------------------------- every change found
@@ -282,7 +283,7 @@ def test_swapped_input_is_named_and_nothing_is_recomputed(qwen_bf16, run_yaml, t
     code, out, err = verify(run.out, capsys)
     assert code == 3, out + err  # not the recorded input: the folder cannot be checked, it is not shown to differ
     assert out.startswith(f"{run.out}: CANNOT CHECK (1 reason):"), out
-    assert f"input {inputs['A']} (agent) changed: content_id " in out, out
+    assert f"input A ({inputs['A']}, agent) changed: content_id " in out, out
     assert "(nothing recomputed: the merge was not run again)" in out
     found = json.loads(verify(run.out, capsys, "--json")[1])
     statuses = {row["model"]: row["status"] for row in found["inputs"]}
@@ -338,7 +339,7 @@ def test_mergekit_multi_stages_verify(qwen_bf16, tmp_path, capsys):
     shutil.rmtree(inter / "first")
     code, out, _ = verify(inter / "second", capsys)
     assert code == 3
-    assert f"input {inter / 'first'} (agent) cannot be read: no such folder: {inter / 'first'}" in out, out
+    assert f"input first ({inter / 'first'}, agent) cannot be read: no such folder: {inter / 'first'}" in out, out
 
 
 def test_rho_comes_from_the_cache_when_it_holds_the_counts(qwen_bf16, run_yaml, tmp_path, capsys, monkeypatch, caplog):
@@ -374,6 +375,7 @@ def test_json_schema(abc, tmp_path, capsys):
         "format": "mergekit-ram/verify",
         "format_version": 2,
         "folder": str(abc),
+        "hub": None,
         "entry_point": "run_merge",
         "result": "identical",
         "exit_code": 0,
@@ -394,9 +396,8 @@ def test_json_schema(abc, tmp_path, capsys):
     }
     assert found["checked"][0] == "the identities of 4 input(s)", found["checked"]
     stats = read_stats(abc)
-    recorded = [(stats["base_model"]["model"], "base", stats["base_model"]["identity"])]
-    recorded += [(row["model"], "agent", row["identity"]) for row in stats["agents"]]
-    assert [(row["model"], row["role"], row["recorded"]) for row in found["inputs"]] == recorded
+    recorded = [(label, row["model"], row["role"], row["identity"]) for label, row in stats["inputs"].items()]
+    assert [(row["label"], row["model"], row["role"], row["recorded"]) for row in found["inputs"]] == recorded
     assert all(row["status"] == "same" and row["found"] == row["recorded"] and row["detail"] is None for row in found["inputs"])
     # a differing folder: the same keys, each problem a line
     out = copy_of(abc, tmp_path)

@@ -126,13 +126,15 @@ def build(cfg: dict, runs: list[dict], machine: dict, commit: str | None, config
             by_path = {str(Path(run["files"][specialists[t]])): t for t in tasks}
             by_path.update({str(Path(stats["_folder"]).parent / "x"): None})  # placeholder, never matched
             agents = {}
+            # ram_stats.json format 4 names agents by label, its inputs table maps each to its path; before, by path
+            paths = {label: row["model"] for label, row in stats.get("inputs", {}).items()}
             for a in stats["agents"]:
-                path = a["model"].split("@")[0]
+                path = paths.get(a.get("label"), a.get("model", "")).split("@")[0]
                 task = by_path.get(path) or next((t for t in tasks if Path(path).stem == t), path)
                 agents[task] = {k: _num(a.get(k)) if isinstance(a.get(k), float) else a.get(k) for k in STATS_KEYS}
             pairs = []
             for p in stats.get("pairs", []):
-                names = [by_path.get(m.split("@")[0]) or Path(m.split("@")[0]).stem for m in p["agents"]]
+                names = [by_path.get(m) or Path(m).stem for m in (paths.get(a, a).split("@")[0] for a in p["agents"])]
                 pairs.append({"agents": names, **{k: _num(p.get(k)) for k in ("same_sign_share", "cosine")}})
             per_dtype[dtype] = {"agents": agents, "pairs": pairs}
         density[str(run["seed"])] = per_dtype

@@ -102,11 +102,15 @@ def build(
         stats = json.loads((inspected / "stats.json").read_text())
         by_path = {str(folders[specialists[t]]): t for t in tasks}
 
-        def task_of(model: str) -> str:
+        # ram_stats.json format 4 names agents by label, its inputs table maps each to its path; before, by path
+        paths = {label: row["model"] for label, row in stats.get("inputs", {}).items()}
+
+        def task_of(name: str) -> str:
+            model = paths.get(name, name)
             return by_path.get(model.split("@")[0], model)
 
         for a in stats["agents"]:
-            density[task_of(a["model"])] = {
+            density[task_of(a.get("label") or a["model"])] = {
                 k: a.get(k)
                 for k in (
                     "density",

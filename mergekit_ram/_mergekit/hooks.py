@@ -32,7 +32,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from mergekit_ram import errors, method, output_checks, report, session
+from mergekit_ram import card, errors, labels, method, output_checks, session
 from mergekit_ram._mergekit import pipeline, surface, tasks
 from mergekit_ram.method import resolves_to_ours
 
@@ -119,15 +119,15 @@ def _run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
     return run_merge_wrapper
 
 
-def _generate_card(card: Callable[..., str]) -> Callable[..., str]:
+def _generate_card(generate: Callable[..., str]) -> Callable[..., str]:
     def generate_card(config: Any, *args: Any, **kwargs: Any) -> str:
-        text: str = card(config, *args, **kwargs)
+        text: str = generate(config, *args, **kwargs)
         current = session.current()
         if current is None or not current.owns(config) or current.report is None:
             return text
-        snapshots = [report.hub_id(str(m.model.path)) for m in config.referenced_models()]
-        text = report.card_front_matter(text, [found for found in snapshots if found])
-        return text.rstrip("\n") + "\n\n" + report.card_section(current.report)
+        snapshots = [labels.hub_id(str(m.model.path)) for m in config.referenced_models()]
+        text = card.card_front_matter(text, [found for found in snapshots if found])
+        return text.rstrip("\n") + "\n\n" + card.card_section(current.report)
 
     return generate_card
 

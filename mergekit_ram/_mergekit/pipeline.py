@@ -88,6 +88,7 @@ def prepare(plan: tasks.Plan, current: session.MergeSession, seen: dict[str, dic
         current.planned,
         source=current.source,
         identities=identities(planned[0], seen, plan.identity),
+        labels=current.labels,
         tied=tied,
         record=current.record,
     )
@@ -108,17 +109,18 @@ def identities(task: Any, seen: dict[str, dict], identify: counting.Identify) ->
 
 def _tell(current: session.MergeSession, options: Any, *, quiet_table: bool) -> None:
     """A merge's warnings about agents that add nothing, and its statistics table (stderr unless quiet)."""
-    assert current.stats is not None
+    assert current.stats is not None and current.report is not None
     totals = current.stats.totals()
-    for label, s in totals.items():
+    labels = report.labels_of(current.report)
+    for agent, s in totals.items():
         if s.active == 0:
             LOG.warning(
                 "ramplus: %s changes no weight by more than epsilon; it is identical to the base "
                 "and adds nothing to the merge",
-                label,
+                labels.get(agent, agent),
             )
     params = current.planned[0].parameters
-    table = tables.format_table(totals.values(), params["r"], params["alpha"], params["lambda_rule"])
+    table = tables.format_table(totals.values(), params["r"], params["alpha"], params["lambda_rule"], labels)
     LOG.info("RAM+ statistics (%s):\n%s", current.source, table)
     if not options.quiet and not quiet_table:
         print(f"RAM+ statistics ({current.source}):\n{table}", file=sys.stderr, flush=True)

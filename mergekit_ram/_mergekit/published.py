@@ -16,7 +16,16 @@ import json
 import os
 from typing import Any
 
-from mergekit_ram import folder_checks, output_checks, published_checks, record_checks, report, verdict, versions
+from mergekit_ram import (
+    card,
+    folder_checks,
+    output_checks,
+    published_checks,
+    record_checks,
+    report,
+    verdict,
+    versions,
+)
 
 #: files verify reads to plan and compare (checked on their own)
 RECORDS = (output_checks.STATS_FILE, record_checks.CONFIG_FILE)
@@ -71,12 +80,7 @@ def check(
     _code(folder, [name for name in rest if folder_checks.is_code(name)], donor if code else None, outcome)
     rest = [name for name in rest if not folder_checks.is_code(name)]
     if rest:
-        outcome.not_checked.append(f"{_listed(rest, 10)} (no loader reads them as part of the model)")
-
-
-def _listed(names: list[str], limit: int) -> str:
-    """The first `limit` of `names`, and how many more."""
-    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+        outcome.not_checked.append(f"{folder_checks.listed(rest, 10)} (no loader reads them as part of the model)")
 
 
 def _code(folder: str, found: list[str], donor: str | None, outcome: verdict.Outcome) -> None:
@@ -89,8 +93,8 @@ def _code(folder: str, found: list[str], donor: str | None, outcome: verdict.Out
     other = [name for name in found if name not in same]
     if other:
         outcome.files.append(
-            f"{_listed(other, 3)}: Python code, which transformers runs with trust_remote_code (a config's auto_map, "
-            "custom_generate/); the merge writes no such file"
+            f"{folder_checks.listed(other, 3)}: Python code, which transformers runs with trust_remote_code (a "
+            "config's auto_map, custom_generate/); the merge writes no such file"
         )
 
 
@@ -99,12 +103,21 @@ NOT_WRITTEN = "a loader reads it, and the merge writes none"
 
 
 def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: verdict.Outcome) -> None:
+    """ram_stats.json against the report of the merge run again (one of an older format read in the current
+    format's shape, `labels.upgraded`: its keys the format lacks are notes)."""
+    format_version = recorded.get("format_version")
+    older = isinstance(format_version, int) and format_version < report.FORMAT_VERSION
+    recomputed = {**recomputed, "format_version": format_version} if older else recomputed
     found = published_checks.report_differences(recorded, json.loads(report.dumps(recomputed)))
     was = (recorded.get("versions") or {}).get("mergekit-ram") if isinstance(recorded.get("versions"), dict) else None
     now = versions.installed("mergekit-ram")
-    if was and was != now:  # another mergekit-ram writes other keys: only a value that differs is a difference
+    if (was and was != now) or older:  # another mergekit-ram writes other keys: only a differing value differs
         keys = [line for line in found if line.endswith((" lacks it", " the merge does not"))]
-        written = f"written by mergekit-ram {was}; {now} is installed"
+        written = (
+            f"format_version {format_version}, read as {report.FORMAT_VERSION}"
+            if older
+            else f"written by mergekit-ram {was}; {now} is installed"
+        )
         outcome.notes += [f"ram_stats.json: {line} ({written})" for line in keys]
         found = [line for line in found if line not in keys]
     shown = [f"ram_stats.json: {line}" for line in found[:SHOWN]]
@@ -125,8 +138,14 @@ def _card(folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
         outcome.not_checked.append("the model card (no README.md)")
         return
     text = folder_checks.read_bytes(folder, "README.md").decode("utf-8", errors="replace")
+    if recorded.get("format_version") != report.FORMAT_VERSION:  # another mergekit-ram's section, not rebuilt
+        outcome.not_checked.append(
+            f"the card's RAM+ section (ram_stats.json is format_version {recorded.get('format_version')}, whose "
+            "section this mergekit-ram does not write)"
+        )
+        return
     try:
-        section = report.card_section(recorded)
+        section = card.card_section(recorded)
     except (KeyError, TypeError, ValueError, AttributeError):
         outcome.files.append("README.md: ram_stats.json cannot make its RAM+ section (its versions are damaged)")
         return

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from mergekit_ram import errors, input_checks, record_checks, report, verdict
+from mergekit_ram import errors, input_checks, input_copies, record_checks, report, verdict
 from mergekit_ram._mergekit import counting
 
 
@@ -25,7 +25,7 @@ def pinned(config: Any, recorded: dict, copies: Mapping[str, str]) -> tuple[Any,
     """
     from mergekit.common import ModelPath
 
-    identities = {model: identity for model, _, identity in record_checks.recorded_inputs(recorded)}
+    identities = {row.model: row.identity for row in record_checks.recorded_inputs(recorded)}
     pins = {}
     for model in config.referenced_models():
         if model.lora is not None:
@@ -84,21 +84,23 @@ def inputs_unchanged(
     except ValueError as error:
         raise errors.Unreadable(str(error)) from error
     models = {labels.get(str(m), str(m)): m for m in config.referenced_models()}
-    for label, role, identity in record_checks.recorded_inputs(recorded):
-        model = models.get(label)
+    for label, name, role, identity in record_checks.recorded_inputs(recorded):
+        model = models.get(name)
         if model is None:
             continue  # the config names other inputs: the plan check says so
         path = model.model.path
         try:
             if os.path.isabs(path) and not os.path.exists(path):
-                raise FileNotFoundError(f"no such folder: {path}{record_checks.missing_hint(copies)}")
+                raise FileNotFoundError(f"no such folder: {path}{input_copies.missing_hint(copies)}")
             LoaderCache().get(model)
             found = report.public_identity(counting.identity(model, seen))
         except Exception as error:
             detail = " ".join(str(error).split())[:300] or type(error).__name__
-            outcome.inputs.append(record_checks.InputCheck(label, role, "missing", identity, None, detail))
+            check = record_checks.InputCheck(name, role, "missing", identity, None, detail, label=label)
+            outcome.inputs.append(check)
             continue
-        outcome.inputs.append(record_checks.check_identity(label, role, identity, found, copy=copies.get(label)))
+        check = record_checks.check_identity(name, role, identity, found, copy=copies.get(name), label=label)
+        outcome.inputs.append(check)
     checked = [check for check in outcome.inputs if check.status == "same"]
     if checked:
         outcome.checked.append(f"the identities of {len(checked)} input(s)")

@@ -1,13 +1,13 @@
 """`mergekit-ram verify OUT_DIR`: a finished `ramplus` merge run again from its folder, compared instead of written.
 
-The folder may be a stranger's: its files are read as `folder_checks` allows (regular files inside it, JSON
-and YAML bounded), and its record is evidence, not an instruction (`record_checks.recorded_options`: no recorded
-option that lets code run takes effect without the user's flag). From the folder alone (`ram_stats.json`
-and, for `run_merge`, mergekit's `mergekit_config.yml`):
+The folder may be a stranger's (or a merge fetched from the Hub, `hub`): its files are read as `folder_checks`
+allows (regular files inside it, JSON and YAML bounded), and its record is evidence, not an instruction
+(`record_checks.recorded_options`: no recorded option that lets code run takes effect without the user's flag).
+From the folder alone (`ram_stats.json` and, for `run_merge`, mergekit's `mergekit_config.yml`):
 
 1. the inputs are resolved as mergekit resolves them (`resolved`: a hub id at the revision recorded for it,
-   a local copy given with `--input`) and their identities (`report.public_identity`) checked against the
-   recorded ones: a changed or missing input is named, and the folder cannot be checked;
+   a local copy the user names, `input_copies`) and their identities (`report.public_identity`) checked against
+   the recorded ones: a changed or missing input is named, and the folder cannot be checked;
 2. the config is planned as mergekit plans it, downhill like `inspect` (`planner.plan`, or for a
    `mergekit-pytorch` record `surface.plan_flat_as_mergekit` + `flat.of_flat`, with the recorded options
    that change what is merged), and what it plans is checked against `ram_stats.json`
@@ -15,14 +15,12 @@ and, for `run_merge`, mergekit's `mergekit_config.yml`):
 3. the merge runs again through the pipeline of a merge (`pipeline.prepare`: rho from the statistics
    cache when it holds the counts, else counted in memory, and injected), on the executor `run_merge` would
    use (`rerun`): where mergekit would save each tensor (`SaveTensor`, cast to its dtype), `CompareTensor`
-   compares it with the published one, read from the folder (`PublishedTensor`), so the executor holds
-   what a merge holds (less: no output shard is buffered). Tensors in the folder that the merge does not
-   plan are named;
+   compares it with the published one (`PublishedTensor`), so the executor holds what a merge holds (less: no
+   output shard is buffered). Tensors in the folder that the merge does not plan are named;
 4. the files beside the weights are checked against what the merge makes (`published`).
 
-Nothing is written: not into the folder or an input, not into the statistics cache, no kernel is built
-(`cachedir.read_only`). The judging is `record_checks`' and `verdict`'s, on plain data; this module plans,
-`rerun` runs.
+Nothing is written (`cachedir.read_only`): not into the folder or an input, not into the statistics cache, no
+kernel is built. The judging is `record_checks`' and `verdict`'s, on plain data; this module plans, `rerun` runs.
 """
 
 from __future__ import annotations
@@ -36,7 +34,9 @@ from mergekit_ram import (
     config_checks,
     errors,
     folder_checks,
+    hub,
     input_checks,
+    input_copies,
     record_checks,
     report,
     verdict,
@@ -50,19 +50,26 @@ from mergekit_ram.session import active
 
 
 def verify(
-    folder: str, options: Any, *, trust_remote_code: bool = False, inputs: Sequence[str] = ()
+    folder: str,
+    options: Any,
+    *,
+    trust_remote_code: bool = False,
+    inputs: Sequence[str] = (),
+    inputs_from: Sequence[str] = (),
+    input_dir: str | None = None,
+    published: hub.Published | None = None,
 ) -> verdict.Outcome:
     """Recompute the `ramplus` merge in `folder` and compare it tensor by tensor with what the folder holds.
 
-    `trust_remote_code`: the user's own flag (a recorded one is evidence, never applied without it); `inputs`:
-    `--input` values, "RECORDED=LOCAL": a recorded input read from a local copy. errors.NotVerifiable: a usage
-    error (no such folder, no ram_stats.json, another method's folder, an input the record lacks or mapped twice).
-    errors.Unreadable: ram_stats.json cannot be read. Otherwise the outcome: identical, differing (named),
-    or not checkable (why: an input missing or changed, a refused option or file, a file unreadable).
-    """
+    `trust_remote_code`: the user's own flag (a recorded one is evidence, never applied without it); `inputs`,
+    `inputs_from`, `input_dir`: `--input`, `--inputs-from`, `--input-dir`, local copies of recorded inputs
+    (`input_copies`); `published`: `folder` is a merge fetched from the Hub (`hub.fetch`). errors.NotVerifiable: a
+    usage error (no such folder, no ram_stats.json, another method's folder, a copy mapping no input or one
+    twice). errors.Unreadable: ram_stats.json cannot be read. Otherwise the outcome: identical, differing
+    (named), or not checkable (an input missing or changed, a refused option or file, a file unreadable)."""
     refuse_foreign(NAME)
     folder = os.path.abspath(folder)
-    outcome = verdict.Outcome(folder=folder)
+    outcome = verdict.Outcome(folder=folder, hub=published.as_json() if published else None)
     try:
         recorded = record_checks.read_report(folder)
     except errors.Unreadable as error:
@@ -73,7 +80,7 @@ def verify(
     problems = surface.problems(surface.PREPASS) + surface.problems(door) + surface.problems(surface.VERIFY)
     if problems:
         raise errors.NotVerifiable("mergekit-ram cannot verify: " + "; ".join(problems))
-    copies = record_checks.input_pairs(recorded, inputs)
+    copies = input_copies.local_copies(recorded, inputs, parents=inputs_from, folder=input_dir)
     outcome.entry_point = record.get("entry_point")
     installed = {n: versions.installed(n) for n in report.VERSIONED}
     outcome.notes += record_checks.version_notes(recorded, installed, report.installed_from())
@@ -84,6 +91,11 @@ def verify(
             outcome.error = " ".join(str(error).split()) or type(error).__name__
         except MemoryError as error:  # an address-space limit (ulimit -v) below what mapping a file needs
             outcome.error = f"out of memory while checking {folder} ({' '.join(str(error).split()) or 'MemoryError'})"
+    if published is not None:  # the files verify did not fetch
+        files, blocked, unread = published.unfetched(bool((record.get("options") or {}).get("trust_remote_code")))
+        outcome.files += files
+        outcome.cannot_check += blocked
+        outcome.not_checked += unread
     return outcome
 
 
@@ -145,8 +157,9 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
     seen: dict[str, dict] = {}  # each input's identity, read once (here, then the statistics pass)
     if not resolved.inputs_unchanged(config, recorded, labels, outcome, copies, seen):
         return
+    names = record_checks.recorded_labels(recorded, labels)
     current = pipeline.merge_session(
-        config, options, record=record_checks.merge_record(recorded), mode="verify", fast_loading=True
+        config, options, record=record_checks.merge_record(recorded), mode="verify", fast_loading=True, labels=names
     )
     with active(current):
         try:
@@ -156,7 +169,7 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
         try:
             input_checks.check_input_files(config)
             planner = plan(config, options)
-            planned = record_checks.relabel(_plan_report(tasks.of_planner(planner)), labels)
+            planned = record_checks.relabel(_plan_report(tasks.of_planner(planner), names), labels)
             outcome.parameters = record_checks.plan_mismatches(recorded, planned)
             if outcome.parameters:
                 return
@@ -200,15 +213,16 @@ def _read_config(folder: str) -> Any:
     raise errors.Unreadable(f"{path} is not a mergekit config mergekit can read: {message}")
 
 
-def _plan_report(plan: tasks.Plan) -> dict:
-    """The report of what `plan` plans, before anything is counted (parameters, inputs, given rho, tied pairs)."""
+def _plan_report(plan: tasks.Plan, labels: dict[str, str]) -> dict:
+    """The report of what `plan` plans, before anything is counted (parameters, inputs, given rho, tied pairs;
+    `labels`: the inputs' recorded labels)."""
     found = tasks.planned(plan, resolves_to_ours)
     if not found:
         raise ValueError("the config plans no ramplus tensor")
     planned = [task for _, task in found]
     tied = tasks.tied_copies(plan.out_model_config, planned)
     summaries = [tasks.summary(task) for task in planned if task.output_weight.name not in tied]
-    return report.build(None, summaries, source="not computed", identities={}, tied=tied)
+    return report.build(None, summaries, source="not computed", identities={}, labels=labels, tied=tied)
 
 
 # --------------------------------------------------------------------------- #
@@ -230,12 +244,13 @@ def _verify_flat(
         raise errors.Unreadable(f"{stats}: its merge record holds no mergekit-pytorch config") from error
     if not resolves_to_ours(config.merge_method):
         raise errors.NotVerifiable(f"{stats} records a {config.merge_method!r} merge; verify checks ramplus merges")
-    labels = {local: label for label, local in copies.items()}
+    labels = {local: name for name, local in copies.items()}
+    names = record_checks.recorded_labels(recorded, labels)
     # read as the files are now (mergekit-pytorch has its own loaders)
     surface.forget_loaders([rerun.reference(folder)])
     index = rerun.published_index(folder)
     union, intersection = bool(record.get("tensor_union")), bool(record.get("tensor_intersection"))
-    current = flat.merge_session(config, options, union, intersection, recorded=record, mode="verify")
+    current = flat.merge_session(config, options, union, intersection, recorded=record, mode="verify", labels=names)
     seen: dict[str, dict] = {}  # each input's identity, read once (here, then the statistics pass)
     with active(current):
         try:
@@ -248,15 +263,17 @@ def _verify_flat(
             if not found:
                 raise InputError("planning the mergekit-pytorch merge computed no RAM+ statistics")
             now = record_checks.relabel(pipeline.identities(found[0][1], seen, plan.identity), labels)
-            for label, role, identity in record_checks.recorded_inputs(recorded):
-                if label in now:
-                    check = record_checks.check_identity(label, role, identity, now[label], copy=copies.get(label))
+            for label, name, role, identity in record_checks.recorded_inputs(recorded):
+                if name in now:
+                    check = record_checks.check_identity(
+                        name, role, identity, now[name], copy=copies.get(name), label=label
+                    )
                     outcome.inputs.append(check)
             if any(check.status != "same" and check.status != "not recorded" for check in outcome.inputs):
                 return
             outcome.checked.append(f"the identities of {len(outcome.inputs)} input(s)")
             outcome.parameters = record_checks.plan_mismatches(
-                recorded, record_checks.relabel(_plan_report(plan), labels), source="the recorded config"
+                recorded, record_checks.relabel(_plan_report(plan, names), labels), source="the recorded config"
             )
             if outcome.parameters:
                 return
@@ -264,8 +281,10 @@ def _verify_flat(
         except (OSError, ValueError) as error:
             missing = [p for p in flat.inputs(config) if not os.path.exists(p)]
             if missing:
-                outcome.cannot_check.append(f"input {labels.get(missing[0], missing[0])} cannot be read: no such "
-                                            f"file{record_checks.missing_hint(copies)}")  # fmt: skip
+                was = labels.get(missing[0], missing[0])
+                role = {row.model: row.role for row in record_checks.recorded_inputs(recorded)}.get(was, "input")
+                outcome.cannot_check.append(f"input {names.get(was, was)} ({was}, {role}) cannot be read: no such "
+                                            f"file{input_copies.missing_hint(copies)}")  # fmt: skip
                 return
             raise InputError(str(error) or type(error).__name__) from error
         assert current.report is not None

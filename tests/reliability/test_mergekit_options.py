@@ -25,7 +25,7 @@ import models
 import pytest
 import reference as R
 import torch
-from helpers import config_yaml, inputs, no_weights
+from helpers import config_yaml, inputs, no_weights, rows_by_model
 from mergekit.options import MergeOptions
 
 from mergekit_ram._mergekit.options import WRITES
@@ -198,12 +198,12 @@ def test_inspect_option(rel, qwen_bf16, tmp_path, capsys, field):
     found = json.loads((tmp_path / "s.json").read_text())
     base, sds = inputs(qwen_bf16.path("base"), agents)
     ref = R.reference_stats(base, sds)
-    for row in found["agents"]:
+    for model, row in rows_by_model(found).items():
         assert (row["active"], row["unique"], row["shared"]) == (
-            ref[row["model"]].active,
-            ref[row["model"]].unique,
-            ref[row["model"]].shared,
-        ), row["model"]
+            ref[model].active,
+            ref[model].unique,
+            ref[model].shared,
+        ), model
     rel.case.merges_compared += 1
 
 
@@ -236,8 +236,8 @@ def test_unsafe_truncate_embeddings_with_a_wider_agent_vocabulary(rel, qwen_bf16
         code = cli.main(["inspect", str(config), "--json", str(tmp_path / "s.json"), "--unsafe-truncate-embeddings"])
         assert code == 0, capsys.readouterr().err
         ref = R.reference_stats(base, sds)
-        for row in json.loads((tmp_path / "s.json").read_text())["agents"]:
-            assert (row["active"], row["unique"]) == (ref[row["model"]].active, ref[row["model"]].unique)
+        for model, row in rows_by_model(json.loads((tmp_path / "s.json").read_text())).items():
+            assert (row["active"], row["unique"]) == (ref[model].active, ref[model].unique)
         rel.case.merges_compared += 1
         return
     out = tmp_path / "merged"

@@ -21,7 +21,7 @@ import pytest
 import torch
 from helpers import HAS_COMPILER, NO_COMPILER, config_yaml
 
-from mergekit_ram import config_checks, input_checks, native, report
+from mergekit_ram import card, config_checks, input_checks, native
 from mergekit_ram._mergekit import loading, pipeline
 
 METHODS = {
@@ -118,7 +118,7 @@ BREAKERS = {
         m.setattr(input_checks, "check_input_files", _raises),
     ),
     "fast-loading-raises": lambda m, _t: m.setattr(loading, "install", _raises),
-    "card-section-raises": lambda m, _t: m.setattr(report, "card_section", _raises),
+    "card-section-raises": lambda m, _t: m.setattr(card, "card_section", _raises),
     "stats-writer-raises": lambda m, _t: m.setattr(pipeline, "write_statistics", _raises),
 }
 

@@ -67,12 +67,12 @@ WORKER = textwrap.dedent(
 
         st.save_file = save_file
     elif point == "card":  # model and config.json written, the card not yet
-        import mergekit_ram.report as report
+        import mergekit_ram.card as card
 
         def card_section(*args, **kwargs):
             pause()
 
-        report.card_section = card_section
+        card.card_section = card_section
 
     from mergekit.scripts.run_yaml import main
 

@@ -669,7 +669,7 @@ def test_a_published_tensor_the_merge_now_refuses_is_named(rel, qwen_bf16, make_
 
 def test_a_non_finite_recorded_value_still_prints_json(rel, merged, qwen_bf16, capsys):
     """Before: --json exited 2 with "Out of range float values are not JSON compliant" (issue 39, case 5)."""
-    _edit_stats(merged, lambda d: d["agents"][0]["identity"].update(content_id=float("nan")))
+    _edit_stats(merged, lambda d: d["inputs"][d["agents"][0]["label"]]["identity"].update(content_id=float("nan")))
     rel.watch(merged, *qwen_bf16.paths.values())
     code, text, err = _verify(capsys, merged, "--json")
     assert code == 3, text + err
@@ -719,13 +719,38 @@ def test_inputs_read_from_local_copies(rel, qwen_bf16, run_yaml, tmp_path, capsy
     rel.watch(run.out, copy)
     code, text, _ = _verify(capsys, run.out)
     assert code == 3
-    rel.names(_cannot_check(text, run.out), f"input {agent} (agent) cannot be read", "--input RECORDED=LOCAL")
+    rel.names(_cannot_check(text, run.out), f"input A ({agent}, agent) cannot be read", "--input LABEL=COPY",
+              "--input-dir DIR", "--inputs-from RECORDED_PARENT=LOCAL_PARENT")  # fmt: skip
     code, text, err = _verify(capsys, run.out, "--input", f"{agent}={copy}")
+    assert code == 0 and "bit-identical" in text, text + err
+    code, text, err = _verify(capsys, run.out, "--input", f"A={copy}")  # by its label
     assert code == 0 and "bit-identical" in text, text + err
     # a copy of another model stands for it: its identity is checked, not trusted
     code, text, err = _verify(capsys, run.out, "--input", f"{agent}={qwen_bf16.path('C')}")
     assert code == 3, text + err
-    rel.names(_cannot_check(text, run.out), f"input {agent} (agent) changed: the copy {qwen_bf16.path('C')}")
+    rel.names(_cannot_check(text, run.out), f"input A ({agent}, agent) changed: the copy {qwen_bf16.path('C')}")
+
+
+def test_copies_that_map_no_input_or_one_twice_are_usage_errors(rel, qwen_bf16, run_yaml, tmp_path, capsys):
+    """--inputs-from a folder no input lies under, --input-dir holding no copy named by a label, and one input
+    mapped by two options: exit 2, one line naming it (issue 40, item 4)."""
+    agent = Path(shutil.copytree(qwen_bf16.paths["A"], tmp_path / "runs" / "A"))
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), [agent, qwen_bf16.path("B")]), out=tmp_path / "o")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rel.watch(run.out, agent)
+    for args, named in (
+        (["--inputs-from", f"{tmp_path / 'elsewhere'}={tmp_path}"], f"no recorded input lies under {tmp_path / 'elsewhere'}"),
+        (["--input-dir", str(empty)], f"--input-dir {empty} holds no copy named by an input's label (base, A, B)"),
+        (["--input-dir", str(tmp_path / "runs"), "--input", f"A={agent}"], f"and --input-dir {tmp_path / 'runs'} both map {agent}"),
+        (["--input-dir", str(tmp_path / "nothing")], f"--input-dir {tmp_path / 'nothing'}: no such folder"),
+    ):  # fmt: skip
+        code, text, err = _verify(capsys, run.out, *args)
+        assert code == 2 and text == "", text + err
+        (line,) = err.strip().splitlines()
+        rel.names(line, "mergekit-ram verify: error: ", named)
+    code, text, err = _verify(capsys, run.out, "--inputs-from", f"{tmp_path / 'runs'}={tmp_path / 'runs'}")
+    assert code == 0 and "bit-identical" in text, text + err
 
 
 def test_an_input_the_record_does_not_name_is_a_usage_error(rel, merged, capsys, tmp_path):
@@ -768,7 +793,7 @@ def test_a_mergekit_pytorch_input_read_from_a_local_copy(rel, flat_mlp, tmp_path
     rel.watch(out, private, moved.parent)
     code, text, _ = _verify(capsys, out)
     assert code == 3
-    rel.names(_cannot_check(text, out), paths["A"], "--input RECORDED=LOCAL")
+    rel.names(_cannot_check(text, out), f"input A.safetensors ({paths['A']}, agent)", "--input LABEL=COPY")
     code, text, err = _verify(capsys, out, "--input", f"{paths['A']}={moved}")
     assert code == 0 and "bit-identical" in text, text + err
 

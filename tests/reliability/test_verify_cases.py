@@ -164,8 +164,8 @@ def test_an_input_that_is_gone_is_named(rel, qwen_bf16, run_yaml, capsys, tmp_pa
     rel.watch(run.out, *qwen_bf16.paths.values())
     code, out, _ = _verify(capsys, run.out)
     assert code == 3
-    line = rel.names(_cannot_check(out, run.out), f"input {agent} (agent) cannot be read: no such folder")
-    rel.names(line, "--input RECORDED=LOCAL")  # a downloader is told how to point at a local copy
+    line = rel.names(_cannot_check(out, run.out), f"input A ({agent}, agent) cannot be read: no such folder")
+    rel.names(line, "--input LABEL=COPY", "--input-dir DIR")  # a downloader is told how to point at local copies
     assert "nothing recomputed" in out
 
 
