@@ -7,7 +7,7 @@ files each loader reads (a single file, an index and every shard it names). Neve
 Hub is named from the repository's listing, unfetched, and so is every other file no loader reads. verify
 then reads the snapshot folder as any folder (`folder_checks.homes` accepts its links into the cache's blobs).
 The Hub offline (`HF_HUB_OFFLINE`), unreachable, or without the repository or revision: `Unreadable` in
-one line (verify's exit 3).
+one line (verify's exit 3); a repository without `ram_stats.json`: `NotVerifiable` (exit 2, as for a folder).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from mergekit_ram import folder_checks, output_checks
-from mergekit_ram.errors import Unreadable
+from mergekit_ram.errors import NotVerifiable, Unreadable
 
 #: a Hub model id, `org/name` (huggingface_hub's `validate_repo_id`: letters, digits, `-`, `_`, `.`; no `--` or
 #: `..`, neither first nor last), then `@revision` (a branch, a tag, a commit)
@@ -98,8 +98,8 @@ def fetch(repository: str, requested: str, *, cache_dir: str | None = None, quie
         info = HfApi().model_info(repository, revision=requested)
         commit = str(info.sha)
         listed = sorted(s.rfilename for s in info.siblings or [])
-        if output_checks.STATS_FILE not in listed:
-            raise Unreadable(
+        if output_checks.STATS_FILE not in listed:  # as a folder without it: a usage error
+            raise NotVerifiable(
                 f"{said} (commit {commit}) holds no {output_checks.STATS_FILE}: not the output of a finished "
                 "ramplus merge"
             )
@@ -114,7 +114,7 @@ def fetch(repository: str, requested: str, *, cache_dir: str | None = None, quie
         more = sorted(shards & set(listed) - set(first) - {n for n in shards if folder_checks.is_code(n)})
         if more:
             _download(repository, commit, more, cache_dir)
-    except Unreadable:
+    except (Unreadable, NotVerifiable):
         raise
     except Exception as error:
         raise Unreadable(_why(said, error, constants.ENDPOINT)) from error

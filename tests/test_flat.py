@@ -114,6 +114,10 @@ def test_mlp_bf16_merge_is_the_reference_and_counts_the_known_sets(flat_mlp, fmt
     ids = [row["identity"]["content_id"] for row in report["inputs"].values()]
     assert len(set(ids)) == 4  # one identity per file, not per folder
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "ram_stats.json"]
+    text = (out / "ram_stats.json").read_text(encoding="utf-8")  # each path twice: the record's config, the inputs
+    assert {who: text.count(json.dumps(flat_mlp.path(who, fmt))) for who in ("base", *AGENTS)} == dict.fromkeys(
+        ("base", *AGENTS), 2
+    )  # issue 40: 33 times per agent before (every per-tensor count and pair named it)
 
 
 @pytest.mark.parametrize("fmt", ["pt", "safetensors"])
