@@ -31,6 +31,11 @@ from run import SAC, log  # noqa: E402
 RECORD = HERE / "results" / "regime" / "screen"
 
 
+def _plain(v):
+    """An argument as JSON: paths as their text."""
+    return [_plain(x) for x in v] if isinstance(v, list) else str(v) if isinstance(v, Path) else v
+
+
 def _uptime() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -94,7 +99,8 @@ class Checkpoints:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["base", "finetune"])
+    ap.add_argument("kind", choices=["base", "finetune", "evaluate"])
+    ap.add_argument("--actors", nargs="+", type=Path, help="evaluate: actor files (e.g. a base screen's checkpoints)")
     ap.add_argument("--name", required=True, help="the screen's name (its JSON: NAME.json)")
     ap.add_argument("--tasks", nargs="+", required=True, help="the one-hot layout (the base's tasks)")
     ap.add_argument("--task", nargs="+", help="finetune: the task(s) trained on")
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     record = {
         "kind": args.kind,
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "record"},
+        "args": {k: _plain(v) for k, v in vars(args).items() if k != "record"},
         "settings": settings,
         "rows": [],
         "pid": os.getpid(),
@@ -130,6 +136,18 @@ def main(argv: list[str] | None = None) -> int:
         record.update(seconds=round(time.perf_counter() - start, 1), load_at_end=_uptime())
         (args.record / f"{args.name}.json").write_text(json.dumps(record, indent=1))
 
+    if args.kind == "evaluate":  # existing actors, more held-out episodes than their screen gave them
+        for path in args.actors or []:
+            t0 = time.perf_counter()
+            actor = rl.load_actor(path)
+            success = {t: rl.evaluate(actor, t, args.tasks, args.episodes, args.horizon, 0, rl.TUNING_SEED)
+                       for t in args.tasks}  # fmt: skip
+            row = {"actor": path.name, "success": {t: sum(x) / len(x) for t, x in success.items()}}
+            row.update(eval_seconds=round(time.perf_counter() - t0, 1), load=_uptime())
+            log(json.dumps(row))
+            record["rows"].append(row)
+            save(row)
+        return 0
     if args.kind == "base":
         ck = Checkpoints(work, args.every, args.tasks, args.tasks, args.episodes, args.horizon, on_row=save)
         record["rows"] = ck.rows
