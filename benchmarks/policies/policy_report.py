@@ -510,6 +510,8 @@ def build_regime(cfg, runs, machine, commit, config_name, seconds, reps: int | N
             p_ci = R.interval(R.hierarchical(diff, R.improvement, reps))
             t_ci = seed_interval(list(d))
             verdict = "ramplus better" if ci[0] > 0 else "ramplus worse" if ci[1] < 0 else "not resolved"
+            if len(runs) < 3:  # the seeds' spread is not measured: the interval is the episodes' noise alone
+                verdict = "— (under 3 seeds)"
             comparisons[m] = {
                 "per_seed": [_num(v) for v in d],
                 "mean_diff": _num(d.mean()),
