@@ -711,7 +711,7 @@ def chart_regime(res: dict, out: Path) -> None:
         ax.scatter([100 * x for x in m["per_seed_mean"]], [i] * len(m["per_seed_mean"]), s=8, color=color, alpha=0.35)
     ax.set_yticks(range(len(rows)), [models[r]["label"] for r in rows], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("mean success over the tasks (%): each seed a dot, mean with its 95 % two-stage interval")
+    ax.set_xlabel("mean success over the tasks (%):\nseeds as dots, mean with its 95 % two-stage interval")
     ax = axes[1]
     comps = res["ramplus_vs"]
     names = list(comps)
@@ -723,13 +723,14 @@ def chart_regime(res: dict, out: Path) -> None:
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(names)), [regime_label(m) for m in names], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("RAM+ minus policy (points): each seed a dot, mean with its 95 % two-stage interval")
+    ax.set_xlabel("RAM+ minus policy (points):\nseeds as dots, mean with its 95 % two-stage interval")
     fig.suptitle(f"Meta-World, {len(res['seeds'])} training seeds: merges of specialists fine-tuned from one base")
     fig.savefig(out / "chart.png", dpi=110)
     plt.close(fig)
 
     tasks = res["tasks"]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), constrained_layout=True)
+    n_bars = len(res["regime"]) * len(tasks)
+    fig, axes = plt.subplots(1, 3, figsize=(16, max(4.5, 1.5 + 0.16 * n_bars)), constrained_layout=True)
     ax = axes[0]
     for t in tasks:
         ratios = [reg["agents"][t]["update_ratio"] for reg in res["regime"].values()]
@@ -746,8 +747,9 @@ def chart_regime(res: dict, out: Path) -> None:
             a = reg["agents"][t]
             own = a["own_column"]
             labels.append(f"s{seed} {t.removesuffix('-v3')}")
+            own_share = own["unique"] / own["changed"] if own["changed"] else 0.0
             parts.append([a["unique_share"] or 0, a["shared_with_1_share"] or 0, a["shared_with_2plus_share"] or 0,
-                          own["unique"] / own["rows"]])  # fmt: skip
+                          own_share])  # fmt: skip
     y = np.arange(len(parts))
     left = np.zeros(len(parts))
     for k, (name, color) in enumerate(
@@ -756,7 +758,7 @@ def chart_regime(res: dict, out: Path) -> None:
         vals = np.array([100 * p[k] for p in parts])
         ax.barh(y, vals, left=left, color=color, label=name, height=0.8)
         left += vals
-    ax.scatter([100 * p[3] for p in parts], y, color="black", s=10, label="own task-ID column: rows unique")
+    ax.scatter([100 * p[3] for p in parts], y, color="black", s=10, label="own task-ID column: changed rows unique")
     ax.set_yticks(y, labels, fontsize=5)
     ax.invert_yaxis()
     ax.set_xlabel("% of the agent's changed weights (ε 1e-5)")
@@ -774,11 +776,13 @@ def chart_regime(res: dict, out: Path) -> None:
 
 
 def write_regime(res: dict, out: Path) -> None:
-    """results.json, results.md, the charts, every ramplus merge's ram_stats.json, the base (actor and SAC state,
+    """results.json, results.md, the charts, the default ramplus merge's ram_stats.json, the base (actor and SAC state,
     what fine-tuning starts from), each seed's actors, and stages.json (the stage keys of the published files, so
     a run resumes or replays from them)."""
     runs, names = res.pop("_runs"), res.pop("_names")
     out.mkdir(parents=True, exist_ok=True)
+    for name in ("policies", "ram_stats"):  # rebuilt whole (run.py writes here only when asked: --overwrite)
+        shutil.rmtree(out / name, ignore_errors=True)
     res = portable(res, names)
     (out / "results.json").write_text(json.dumps(res, indent=1, ensure_ascii=False))
     (out / "results.md").write_text(markdown_regime(res))
@@ -802,7 +806,7 @@ def write_regime(res: dict, out: Path) -> None:
             index[meta["key"]] = {"files": files, "meta": meta}
         for row, paths in run["merge_files"].items():
             stats = Path(paths[0]).parent / "ram_stats.json"
-            if stats.exists():
+            if row == "ramplus" and stats.exists():  # the others: a replay makes them again
                 dest = out / "ram_stats" / f"seed{seed}" / f"{row}.json"
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_text(json.dumps(portable(json.loads(stats.read_text()), names), indent=1))
