@@ -328,3 +328,13 @@ def test_base_stopped_at_a_step_is_the_screens_checkpoint_there(tmp_path):
     saved = (tmp_path / "screen" / "actor-120.safetensors").read_bytes()
     assert (tmp_path / "stop" / "actor.safetensors").read_bytes() == saved
     assert (tmp_path / "long" / "actor.safetensors").read_bytes() != saved
+
+
+@pytest.mark.parametrize("folder", ["results", "results/regime"])
+def test_published_results_md_regenerates_from_results_json(folder):
+    """Every number of a published results.md comes from its results.json (the earlier four-seed run, and the
+    regime run)."""
+    path = POLICIES / folder
+    res = json.loads((path / "results.json").read_text())
+    render = policy_report.markdown_regime if res.get("format") == "regime" else policy_report.markdown
+    assert (path / "results.md").read_text() == render(res)
