@@ -685,8 +685,9 @@ def git_commit() -> str | None:
     try:
         git = ["git", "-C", str(HERE)]
         head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        # the code; not the published results, which a run rewrites
+        # the code; not the published results, which a run rewrites, nor the README written from them
         paths = [str(HERE.parent.parent / "mergekit_ram"), str(HERE), f":(exclude){HERE / 'results'}"]
+        paths.append(f":(exclude){HERE / 'README.md'}")
         changed = subprocess.run(
             [*git, "status", "--porcelain", "--", *paths], capture_output=True, text=True, check=True
         )
