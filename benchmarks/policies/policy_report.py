@@ -502,7 +502,7 @@ def build_regime(cfg, runs, machine, commit, config_name, seconds, reps: int | N
     if "ramplus" in rows:
         others = [r for r in HEADLINE if r in rows] + [
             r for r in rows if r not in HEADLINE and r != "ramplus" and _kind(r, tasks) in ("merge", "reference")
-        ]
+        ] + ["base"]
         for m in others:
             d = np.asarray(per_seed["ramplus"]) - np.asarray(per_seed[m])
             diff = boot["ramplus"] - boot[m]
