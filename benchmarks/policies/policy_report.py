@@ -500,9 +500,11 @@ def build_regime(cfg, runs, machine, commit, config_name, seconds, reps: int | N
         }
     comparisons = {}
     if "ramplus" in rows:
-        others = [r for r in HEADLINE if r in rows] + [
-            r for r in rows if r not in HEADLINE and r != "ramplus" and _kind(r, tasks) in ("merge", "reference")
-        ] + ["base"]
+        others = (
+            [r for r in HEADLINE if r in rows]
+            + [r for r in rows if r not in HEADLINE and r != "ramplus" and _kind(r, tasks) in ("merge", "reference")]
+            + ["base"]
+        )
         for m in others:
             d = np.asarray(per_seed["ramplus"]) - np.asarray(per_seed[m])
             diff = boot["ramplus"] - boot[m]
@@ -775,6 +777,14 @@ def chart_regime(res: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def _compact(text: str) -> str:
+    """JSON with every list of numbers on one line (the per-episode outcomes: a line each otherwise)."""
+    import re
+
+    numbers = r"\[\s*([-0-9.eE]+(?:,\s*[-0-9.eE]+)*)\s*\]"
+    return re.sub(numbers, lambda m: "[" + ", ".join(x.strip() for x in m[1].split(",")) + "]", text)
+
+
 def write_regime(res: dict, out: Path) -> None:
     """results.json, results.md, the charts, the default ramplus merge's ram_stats.json, the base (actor and SAC state,
     what fine-tuning starts from), each seed's actors, and stages.json (the stage keys of the published files, so
@@ -784,7 +794,7 @@ def write_regime(res: dict, out: Path) -> None:
     for name in ("policies", "ram_stats"):  # rebuilt whole (run.py writes here only when asked: --overwrite)
         shutil.rmtree(out / name, ignore_errors=True)
     res = portable(res, names)
-    (out / "results.json").write_text(json.dumps(res, indent=1, ensure_ascii=False))
+    (out / "results.json").write_text(_compact(json.dumps(res, indent=1, ensure_ascii=False)))
     (out / "results.md").write_text(markdown_regime(res))
     try:
         chart_regime(res, out)
