@@ -764,7 +764,7 @@ def chart_regime(res: dict, out: Path) -> None:
     ax.set_yticks(y, labels, fontsize=5)
     ax.invert_yaxis()
     ax.set_xlabel("% of the agent's changed weights (ε 1e-5)")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     ax = axes[2]
     for t, per in res["interpolation"].items():
         alphas = [float(a) for a in per]
