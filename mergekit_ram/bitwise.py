@@ -24,7 +24,8 @@ _INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 @dataclass(frozen=True)
 class Difference:
-    """One tensor compared: `status` "identical", "differs", "dtype", "shape", "missing", "extra", "unreadable"."""
+    """One tensor compared: `status` "identical", "differs", "dtype", "shape", "missing", "extra", "unreadable",
+    "not finite" (the merge stops at it: finite inputs merge to what its dtype cannot hold)."""
 
     name: str
     status: str
@@ -52,8 +53,8 @@ class Difference:
         if self.status == "extra":
             where = f" ({self.detail})" if self.detail else ""
             return f"extra: {self.name}: in the folder{where}, not planned by the merge"
-        if self.status == "unreadable":
-            return f"unreadable: {self.name}: {self.detail}"
+        if self.status in ("unreadable", "not finite"):
+            return f"{self.status}: {self.name}: {self.detail}"
         return f"identical: {self.name}"
 
     def as_json(self) -> dict:

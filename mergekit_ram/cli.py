@@ -1,9 +1,9 @@
 """The ``mergekit-ram`` command line: ``example``, ``inspect`` and ``verify``.
 
-On click, like mergekit's own commands; ``inspect`` takes mergekit's merge
-options through mergekit's own ``add_merge_options``, so an option mergekit adds
-exists here too. Commands are built when they run, so ``mergekit-ram --help``
-imports neither torch nor mergekit.
+On click, like mergekit's own commands; ``inspect`` and ``verify`` take mergekit's merge
+options, declared without importing mergekit (`_mergekit.options`, checked against mergekit's
+own), less those of writing a model. Commands are built when they run, and import torch and
+mergekit only once they start working, so help, ``--version`` and usage errors answer at once.
 """
 
 from __future__ import annotations
@@ -75,9 +75,8 @@ def _example_command() -> click.Command:
 # inspect
 # --------------------------------------------------------------------------- #
 def _inspect_command() -> click.Command:
-    from mergekit.options import add_merge_options
-
     from mergekit_ram import params
+    from mergekit_ram._mergekit import options
 
     @click.command(
         "inspect",
@@ -85,7 +84,7 @@ def _inspect_command() -> click.Command:
             "Run only the RAM+ statistics pass of CONFIG (any merge config with a base_model; planned as ramplus) "
             "and print, per agent, its density, the share of its changed weights that are unique / shared with 1 / "
             "with >=2 other agents, rho and lambda. Counts are cached like a merge's, so inspecting then merging "
-            "reads the weights once. Takes mergekit-yaml's options."
+            "reads the weights once. Takes mergekit-yaml's options but those of writing a model."
         ),
     )
     @click.argument("config", metavar="CONFIG.yaml", type=click.Path(path_type=Path))
@@ -96,21 +95,17 @@ def _inspect_command() -> click.Command:
     @click.option("--r", "r", type=float, help="lambda for this r instead of the config's")
     @click.option("--alpha", type=float, help="lambda for this alpha instead of the config's")
     @click.option("--lambda-rule", type=click.Choice(params.LAMBDA_RULES), help="lambda rule instead of the config's")
-    @click.option("-q", "short_quiet", is_flag=True, help="no progress bar (as --quiet)")
     @click.option("--tensor-union", "-u", is_flag=True, help="mergekit-pytorch config: as its --tensor-union")
     @click.option("--tensor-intersection", "-i", is_flag=True,
                   help="mergekit-pytorch config: as its --tensor-intersection")  # fmt: skip
-    @add_merge_options
-    def inspect(merge_options: Any, short_quiet: bool, **kwargs: Any) -> None:
-        if short_quiet:
-            merge_options = merge_options.model_copy(update={"quiet": True})
-        _inspect(merge_options, **kwargs)
+    @options.declare()
+    def inspect(**kwargs: Any) -> None:
+        _inspect(**kwargs)
 
     return inspect
 
 
 def _inspect(
-    options: Any,
     config: Path,
     json_path: Path | None,
     plot: Path | None,
@@ -119,16 +114,17 @@ def _inspect(
     lambda_rule: str | None,
     tensor_union: bool = False,
     tensor_intersection: bool = False,
+    **merge: Any,
 ) -> None:
+    """`merge`: mergekit's merge options, made a `MergeOptions` (torch, mergekit) after the usage checks."""
     import logging
 
     import yaml
 
-    levels = {0: logging.WARNING, 1: logging.INFO}
-    logging.basicConfig(level=levels.get(options.verbosity, logging.DEBUG), format="%(levelname)s: %(message)s")
-    from mergekit_ram import params, report, tables
-    from mergekit_ram._mergekit import inspection
+    from mergekit_ram import params
 
+    levels = {0: logging.WARNING, 1: logging.INFO}
+    logging.basicConfig(level=levels.get(merge.get("verbosity", 0), logging.DEBUG), format="%(levelname)s: %(message)s")
     if not config.is_file():
         raise _UsageError(f"no such config file: {config}")
     if plot:  # before minutes of reading weights
@@ -141,6 +137,11 @@ def _inspect(
     for name, value in (("r", r), ("alpha", alpha)):  # before minutes of reading weights
         if value is not None:
             params.check(name, value, label=f"--{name}")
+    from mergekit_ram import report, tables
+    from mergekit_ram._mergekit import inspection
+    from mergekit_ram._mergekit import options as merge_options
+
+    options = merge_options.merge_options(merge)
     options.apply_global_options()
     merge_config = inspection.config_of(yaml.safe_load(config.read_text(encoding="utf-8")))  # or mergekit-pytorch's
     done = inspection.inspect(merge_config, options, tensor_union=tensor_union, tensor_intersection=tensor_intersection)
@@ -182,6 +183,7 @@ def _inspect(
 # verify
 # --------------------------------------------------------------------------- #
 def _verify_command() -> click.Command:
+    from mergekit_ram._mergekit import options
     from mergekit_ram.report import RECORDED_OPTIONS
 
     @click.command(
@@ -204,60 +206,32 @@ def _verify_command() -> click.Command:
                   "repeatable")  # fmt: skip
     @click.option("--trust-remote-code", "trust", is_flag=True,
                   help="let the inputs' own code run where the merge's record says it ran")  # fmt: skip
-    @click.option("-q", "short_quiet", is_flag=True, help="no progress bars (as --quiet)")
-    @_merge_options_but((*RECORDED_OPTIONS, *WRITING_OPTIONS))
-    def verify(
-        merge_options: Any, out_dir: Path, as_json: bool, inputs: tuple[str, ...], trust: bool, short_quiet: bool
-    ) -> None:
-        if short_quiet:
-            merge_options = merge_options.model_copy(update={"quiet": True})
-        _verify(out_dir, as_json, merge_options, inputs=inputs, trust=trust)
+    # not those its folder's record fixes (`report.RECORDED_OPTIONS`: `--trust-remote-code` is verify's own flag,
+    # the user's consent), nor those of writing a folder (`options.WRITES`)
+    @options.declare(left_out=RECORDED_OPTIONS)
+    def verify(out_dir: Path, as_json: bool, inputs: tuple[str, ...], trust: bool, **merge: Any) -> None:
+        _verify(out_dir, as_json, merge, inputs=inputs, trust=trust)
 
     return verify
 
 
-#: mergekit's merge options of writing a folder (and seeding a method that draws random numbers), which `verify`
-#: never does; it does not take them, nor those its folder's record fixes (`report.RECORDED_OPTIONS`:
-#: `--trust-remote-code` is verify's own flag, the user's consent)
-WRITING_OPTIONS = (
-    "out_shard_size",
-    "copy_tokenizer",
-    "clone_tensors",
-    "write_model_card",
-    "safe_serialization",
-    "async_write",
-    "write_threads",
-    "random_seed",
-)
-
-
-def _merge_options_but(left_out: Sequence[str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """mergekit's own merge options (`add_merge_options`, as `inspect` takes them all) less `left_out`: the
-    command gets a `MergeOptions` (`merge_options`) in which those keep mergekit's defaults."""
-    from mergekit.options import add_merge_options
-
-    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-        wrapped = add_merge_options(function)
-        params = wrapped.__click_params__  # click's list of the options declared so far
-        params[:] = [p for p in params if p.name not in left_out]
-        return wrapped
-
-    return decorate
-
-
-def _verify(out_dir: Path, as_json: bool, options: Any, *, inputs: Sequence[str] = (), trust: bool = False) -> None:
+def _verify(
+    out_dir: Path, as_json: bool, merge: dict[str, Any], *, inputs: Sequence[str] = (), trust: bool = False
+) -> None:
+    """`merge`: mergekit's merge options, made a `MergeOptions` (torch, mergekit) after the usage checks. Each
+    `--input` is split where the record says (`record_checks.input_pairs`: a recorded name may hold `=`); one
+    without `=` is refused here, before the heavy imports."""
+    for pair in inputs:
+        if "=" not in pair.strip("="):
+            raise _UsageError(f"--input {pair}: expected RECORDED=LOCAL (a recorded input and its local copy)")
     from mergekit_ram import verdict
+    from mergekit_ram._mergekit import options as merge_options
     from mergekit_ram._mergekit import verification
 
-    copies = {}
-    for pair in inputs:
-        recorded, sep, local = pair.partition("=")
-        if not sep or not recorded or not local:
-            raise _UsageError(f"--input {pair}: expected RECORDED=LOCAL (a recorded input and its local copy)")
-        copies[recorded] = local
+    options = merge_options.merge_options(merge)
     options.apply_global_options()
     try:
-        outcome = verification.verify(str(out_dir), options, trust_remote_code=trust, inputs=copies)
+        outcome = verification.verify(str(out_dir), options, trust_remote_code=trust, inputs=inputs)
     except errors.NotVerifiable as error:
         raise _UsageError(str(error)) from error
     except (errors.Unreadable, errors.InputError) as error:

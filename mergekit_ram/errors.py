@@ -6,9 +6,11 @@ names the thing and the fix. mergekit's commands (`mergekit-yaml`, `mergekit-pyt
 `mergekit-multi`, `mergekit-legacy`) do not catch errors: an uncaught `RamError` reaches Python's
 `sys.excepthook`, which the seam replaces (`_mergekit/hooks.py`, once mergekit is loaded) by
 `excepthook`: one line on stderr, exit status 1. `MERGEKIT_RAM_TRACEBACK=1`, or `-v` (mergekit's
-verbose logging, the root logger at INFO or below), shows the traceback as before. Any other
-exception is left to the hook that was there. A script calling `run_merge` gets the same line
-when it does not catch the error; Python code catches `RamError` (or `ValueError`).
+verbose logging, the root logger at INFO or below), shows the traceback as before. Only an uncaught
+`RamError` itself is shortened, and only when the hook that was there is Python's own: any other
+exception (one a program raised `from` a RamError included) and, for a program that set its own hook
+(a crash reporter), every exception go to that hook untouched. A script calling `run_merge` gets the
+same line when it does not catch the error; Python code catches `RamError` (or `ValueError`).
 
 Every error class of the package is defined here (`RamError` and its kinds; the few that are no
 one-line refusal: `NotVerifiable`, `Unreadable`, `UnsafeLocation`, `IncompatibleMergekit`); the modules
@@ -49,6 +51,15 @@ class NonFiniteInputError(RamError):
     """An input tensor holds NaN or Inf; merging it would spread NaN silently."""
 
 
+class NonFiniteResultError(RamError):
+    """A merge of finite inputs whose result is not finite in the dtype it is written in (lambda scaled an update
+    past that dtype's largest value): stopped before the tensor is written. `tensor`: its name."""
+
+    def __init__(self, message: str, tensor: str | None = None):
+        super().__init__(message)
+        self.tensor = tensor
+
+
 class RhoUnavailable(RamError, RuntimeError):
     """r > 0 without rho for an agent and no statistics pass to count it (mergekit's per-tensor API, or a
     mergekit whose insides changed): the message says what to give instead."""
@@ -74,23 +85,12 @@ class IncompatibleMergekit(RuntimeError):
     """mergekit's private surface is not what this release was built for."""
 
 
-def ours(error: BaseException | None) -> RamError | None:
-    """`error` itself when it is a `RamError`, or the `RamError` it was raised from (`raise ... from`)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, RamError):
-            return error
-        seen.add(id(error))
-        error = error.__cause__
-    return None
-
-
 def one_line(error: BaseException, prog: str | None = None) -> str | None:
-    """The one line a command prints for `error`, or None when it would show a traceback (not ours)."""
-    found = ours(error)
-    if found is None:
+    """The one line a command prints for `error`, or None when it would show a traceback (not a `RamError`: an
+    error raised from one is the raiser's, with its own type and message)."""
+    if not isinstance(error, RamError):
         return None
-    message = " ".join(str(found).split()) or type(found).__name__
+    message = " ".join(str(error).split()) or type(error).__name__
     prog = prog or os.path.basename(sys.argv[0] or "") or "mergekit"
     return f"{prog}: error: {message}"
 
@@ -106,10 +106,12 @@ Hook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
 
 def excepthook(previous: Hook) -> Hook:
-    """A `sys.excepthook` that prints a `RamError` as one line (`one_line`) and leaves the rest to `previous`."""
+    """A `sys.excepthook` that prints a `RamError` as one line (`one_line`) when `previous` is Python's own hook,
+    and leaves everything else to `previous`: another exception, and every exception when a program set its
+    own hook before (a crash reporter sees our errors too)."""
 
     def hook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> Any:
-        line = None if wants_traceback() else one_line(error)
+        line = None if previous is not sys.__excepthook__ or wants_traceback() else one_line(error)
         if line is None:
             return previous(kind, error, tb)
         print(line, file=sys.stderr, flush=True)

@@ -68,6 +68,14 @@ def check_safetensors(file: str) -> None:
     try:
         with safe_open(file, framework="pt"):
             pass
+    except (MemoryError, OSError) as error:  # safetensors maps the whole file
+        if not isinstance(error, MemoryError) and "(os error 12)" not in str(error):  # ENOMEM: an OSError before 0.8
+            raise
+        size = os.path.getsize(file) / 2**30
+        raise RamError(
+            f"input file {file} ({size:.1f} GiB) cannot be mapped into memory: is the address space limited "
+            "(ulimit -v, a scheduler's memory limit)? mergekit maps each weight file whole"
+        ) from error
     except SafetensorError as error:
         reason = str(error).removeprefix("Error while deserializing header: ")
         raise RamError(

@@ -20,6 +20,7 @@ import torch
 
 from mergekit_ram import native
 from mergekit_ram.errors import NonFiniteInputError as NonFiniteInputError
+from mergekit_ram.errors import NonFiniteResultError as NonFiniteResultError
 
 # the scalar formulas (Eqs. 2, 6, RAM+s), offered here beside the tensor math
 from mergekit_ram.formulas import lambda_clip as lambda_clip
@@ -223,7 +224,9 @@ def merge(
     agent t is, base + the mean of the active deltas where two or more are.
 
     Sub-threshold deltas are dropped. The result has the base's shape and
-    `out_dtype` (default: the inputs' promoted dtype), rounded once.
+    `out_dtype` (default: the inputs' promoted dtype), rounded once. NonFiniteInputError
+    when an input holds NaN or Inf; NonFiniteResultError, naming the entry, the agent, its
+    lambda and the dtype, when finite inputs merge to a value that dtype cannot hold.
     """
     _check_shapes(base, agents, names, tensor_name)
     if len(lambdas) != len(agents):
@@ -242,8 +245,11 @@ def merge(
         flat_out.copy_(base.reshape(-1))
         return out
     if chunk is None and native.supports(base, agents, out_dtype):
-        if native.merge(base, agents, lambdas, epsilon, flat_out):
+        found = native.merge(base, agents, lambdas, epsilon, flat_out)
+        if found & native.NON_FINITE_INPUT:
             _raise_non_finite(base, agents, names, tensor_name, base_name)
+        if found & native.NON_FINITE_RESULT:
+            _raise_non_finite_result(base, agents, lambdas, epsilon, out, names, tensor_name)
         return out
     cdtype = _compute_dtype(base, agents)
     flat_base, flat_agents = base.reshape(-1), [a.reshape(-1) for a in agents]
@@ -255,6 +261,7 @@ def merge(
     m = torch.empty(size, dtype=torch.bool, device=base.device)
     hits = torch.empty(size, dtype=_counter(len(agents)), device=base.device)
     peaks = torch.zeros(len(agents), dtype=cdtype, device=base.device)
+    finite = torch.ones((), dtype=torch.bool, device=base.device)  # every result, as written
     for start in range(0, base.numel(), step):
         stop = min(start + step, base.numel())
         k = stop - start
@@ -278,7 +285,10 @@ def merge(
         torch.where(hk == 1, sk, tk, out=tk)
         tk.add_(bk)
         flat_out[start:stop].copy_(tk)
+        finite &= torch.isfinite(flat_out[start:stop]).all()  # the chunk as rounded once, still in cache
     _check_finite(peaks, base, agents, names, tensor_name, base_name)
+    if not bool(finite):
+        _raise_non_finite_result(base, agents, lambdas, epsilon, out, names, tensor_name)
     return out
 
 
@@ -330,6 +340,41 @@ def _check_finite(peaks, base, agents, names, tensor_name, base_name) -> None:
     # max() propagates NaN and Inf, so one small sync per tensor covers every entry.
     if not bool(torch.isfinite(peaks).all()):
         _raise_non_finite(base, agents, names, tensor_name, base_name)
+
+
+#: the dtype to suggest when a result does not fit the one it is written in
+_WIDER = {torch.float16: "float32", torch.bfloat16: "float32", torch.float32: "float64"}
+
+
+def _raise_non_finite_result(base, agents, lambdas, epsilon, out, names, tensor_name) -> None:
+    """NonFiniteResultError naming the first entry of `out` (inputs finite) that is not finite: who changed it,
+    by how much, with which lambda, and what to do."""
+    flat = out.reshape(-1)
+    bad = ~torch.isfinite(flat)
+    index, count = int(bad.nonzero()[0]), int(bad.sum())
+    cdtype = _compute_dtype(base, agents)
+    b = float(base.reshape(-1)[index].to(cdtype))
+    deltas = [float(a.reshape(-1)[index].to(cdtype)) - b for a in agents]
+    active = [t for t, d in enumerate(deltas) if abs(d) > epsilon]
+    dtype = str(out.dtype).removeprefix("torch.")
+    if len(active) == 1:
+        (t,) = active
+        why = (
+            f"only {_label(names, t)} changed it (by {deltas[t]:g}), and its lambda = {lambdas[t]:.6g} makes "
+            f"base + lambda * tau = {b + lambdas[t] * deltas[t]:g}"
+        )
+    elif active:
+        why = f"{', '.join(_label(names, t) for t in active)} changed it; their mean update makes it too large"
+    else:
+        why = f"no agent changed it, and the base's value {b:g} is too large"
+    where = f"tensor {tensor_name}" if tensor_name else "the tensor"
+    wider = _WIDER.get(out.dtype)
+    fix = f"in a wider dtype (`dtype` or `out_dtype: {wider}`) or with a smaller `r`" if wider else "with a smaller `r`"
+    raise NonFiniteResultError(
+        f"{where}: the merge of finite inputs is not finite in {dtype} at {count:,} entr{'y' if count == 1 else 'ies'}"
+        f"; at entry {index}, {why}, beyond {dtype}'s largest value {torch.finfo(out.dtype).max:g}. Merge {fix}",
+        tensor=tensor_name,
+    )
 
 
 def _raise_non_finite(base, agents, names, tensor_name, base_name) -> None:

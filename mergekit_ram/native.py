@@ -154,8 +154,12 @@ def diagnose(
     return sum(ints[1:], ints[0]), sums, any(b != 0 for b in bad)
 
 
-def merge(base, agents, lambdas, epsilon: float, out: torch.Tensor) -> bool:
-    """Write Eq. 7 into `out` (contiguous, CPU); returns any_non_finite."""
+#: what `merge` returns, or'd: a delta is NaN or Inf (an input is not finite), a result is not finite in `out`'s dtype
+NON_FINITE_INPUT, NON_FINITE_RESULT = 1, 2
+
+
+def merge(base, agents, lambdas, epsilon: float, out: torch.Tensor) -> int:
+    """Write Eq. 7 into `out` (contiguous, CPU); returns NON_FINITE_INPUT | NON_FINITE_RESULT as found (0: none)."""
     lib = library()
     fn = getattr(lib, f"merge_{_NAMES[base.dtype]}_{_NAMES[out.dtype]}")
     base, agents = _flat(base), [_flat(a) for a in agents]
@@ -177,7 +181,10 @@ def merge(base, agents, lambdas, epsilon: float, out: torch.Tensor) -> bool:
             out.data_ptr() + start * osize,
         )
 
-    return any(b != 0 for b in _map(run, len(parts)))
+    found = 0
+    for flags in _map(run, len(parts)):
+        found |= flags
+    return found
 
 
 def _allocated(codes: list[int], size: int, what: str, doing: str, tensor_name: str | None) -> None:

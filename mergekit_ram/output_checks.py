@@ -124,9 +124,16 @@ def remove_stale_weights(out_path: str | None, before: dict[str, tuple[int, int,
 
 def remove_stale_statistics(out_path: str) -> None:
     """Before a `ramplus` merge writes: an older merge's ram_stats.json would mark the new, unfinished
-    merge as complete, so it goes first; weight files already there are named (removed at the end)."""
+    merge as complete, so it goes first, and the merge it describes is named in a warning (in an `r` sweep into one
+    folder that was the easiest way to lose a result); weight files already there are named (removed at the end).
+
+    A warning, not a refusal: mergekit overwrites an output folder without a word and its commands have no flag to
+    consent with, and `merge_method: ramplus` must change nothing else about running them."""
     path = os.path.join(out_path, STATS_FILE)
     if os.path.isfile(path) and not os.path.islink(path):
+        earlier = earlier_merge(path)
+        if earlier:
+            LOG.warning("ramplus: this merge replaces the earlier ramplus merge in %s (%s)", out_path, earlier)
         LOG.info("ramplus: removing %s of an earlier merge (it is written again when this merge finishes)", path)
         os.unlink(path)
     weights = sorted(weight_files(out_path))
@@ -149,7 +156,27 @@ def remove_foreign_statistics(out_path: str | None) -> None:
         with open(path, encoding="utf-8") as f:
             if json.load(f).get("format") != STATS_FORMAT:
                 return  # not ours
-        LOG.warning("mergekit-ram: removing %s of an earlier ramplus merge: it does not describe this merge", path)
+        LOG.warning(
+            "mergekit-ram: removing %s of an earlier ramplus merge (%s): it does not describe this merge",
+            path,
+            earlier_merge(path),
+        )
         os.unlink(path)
     except Exception as error:
         LOG.warning("mergekit-ram: could not check %s for a stale %s: %s", out_path, STATS_FILE, error)
+
+
+def earlier_merge(path: str) -> str | None:
+    """What the ram_stats.json at `path` records, on one line (its r, alpha, base and agents), or None when
+    this package did not write it or it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+        if found.get("format") != STATS_FORMAT:
+            return None
+        chosen = found.get("parameters", {})
+        agents = ", ".join(str(agent.get("model")) for agent in found.get("agents", []))
+        base = found.get("base_model", {}).get("model")
+        return f"r={chosen.get('r')}, alpha={chosen.get('alpha')}, base {base}, agents {agents}"
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None

@@ -276,6 +276,26 @@ def recorded_options(
     return options.model_copy(update={k: getattr(checked, k) for k in update}), notes, None
 
 
+def input_pairs(recorded: dict, given: Iterable[str]) -> dict[str, str]:
+    """`--input RECORDED=LOCAL` values as recorded input -> local copy. A recorded name may hold `=` (a sweep's
+    folder, `runs/lr=1e-5,seed=1/agent`): each value is split after the recorded name it begins with, else at
+    its first `=`. NotVerifiable (a usage error) for no `=`, a name two recorded inputs could begin, or one
+    input mapped twice."""
+    known = sorted({label for label, _, _ in recorded_inputs(recorded)})
+    found: dict[str, str] = {}
+    for pair in given:
+        names = [name for name in known if pair.startswith(name + "=") and len(pair) > len(name) + 1]
+        if len(names) > 1:
+            raise NotVerifiable(f"--input {pair}: it begins with two recorded inputs, {' and '.join(names)}")
+        name, sep, local = (names[0], "=", pair[len(names[0]) + 1 :]) if names else pair.partition("=")
+        if not sep or not name or not local:
+            raise NotVerifiable(f"--input {pair}: expected RECORDED=LOCAL (a recorded input and its local copy)")
+        if name in found:
+            raise NotVerifiable(f"--input maps {name} twice ({found[name]} and {local}): give one local copy")
+        found[name] = local
+    return local_copies(recorded, found)
+
+
 def local_copies(recorded: dict, inputs: Mapping[str, str]) -> dict[str, str]:
     """recorded input -> absolute path of its local copy (`--input`); NotVerifiable for a name the record lacks."""
     known = {label for label, _, _ in recorded_inputs(recorded)}

@@ -22,19 +22,24 @@ JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/ver
 - `parameters[]`: one line per parameter the config plans otherwise than `ram_stats.json` records;
 - `files[]`: one line per published file other than the weights that says otherwise than the merge
   (ram_stats.json's statistics, the card's RAM+ section, config.json, a copied tokenizer file, a weight file
-  another loader reads);
+  another loader reads) or that a loader reads and the merge does not write (an adapter, code, ...);
 - `tensors[]`: only the tensors that are not identical: `name`, `status` ("differs", "dtype",
   "shape", "missing" (planned, not in the folder), "extra" (in the folder, not planned),
-  "unreadable"), `elements`, `differing`, `nan`, `max_abs_difference` (a number, "inf", or null),
-  `published` and `recomputed` ("dtype [shape]" or null), `detail` (or null);
+  "unreadable", "not finite" (finite inputs merge to what the tensor's dtype cannot hold: the merge stops
+  there, and so does verify, leaving the tensors after it uncompared)), `elements`, `differing`, `nan`,
+  `max_abs_difference` (a number, "inf", or null), `published` and `recomputed` ("dtype [shape]" or null),
+  `detail` (or null);
 - `checked[]`, `not_checked[]`: what was checked, and what was not (files no check covers, and why);
 - `problems[]`: every finding as one line of text (what the text output prints);
 - `notes[]`: what does not decide the result (versions differing from the recorded ones, ...).
+
+Every exit but a usage error's prints this JSON; a NaN or infinity anywhere in it (a record's value) is a string.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +171,18 @@ class Outcome:
         }
         if self.error is not None:
             out["error"] = self.error
-        return out
+        return _strict(out)
+
+
+def _strict(value: Any) -> Any:
+    """`value` as strict JSON holds it: a float NaN or infinity (a stranger's record may hold one) as a string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf"
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(item) for item in value]
+    return value
 
 
 def dumps(outcome: Outcome) -> str:

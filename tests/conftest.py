@@ -218,6 +218,11 @@ def tensor_reads(monkeypatch):
 
     from mergekit.io.lazy_tensor_loader import LazyTensorLoader
 
+    from mergekit_ram._mergekit import loading
+
+    # fast loading checks mergekit's loader by its source once per process: installed first, it never sees the spy
+    # (the first merge of a process under this spy left mergekit's own loading for every later test)
+    loading.install()
     counter: collections.Counter = collections.Counter()
     real = LazyTensorLoader.get_tensor
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -214,3 +215,17 @@ class HubStub:
         handler.end_headers()
         if body:
             handler.wfile.write(data)
+
+
+def hub_env(url: str, home: Path, *, offline: bool = False) -> dict:
+    """The environment of a process that may reach the stub only: no proxy, no token, no other HF_ setting."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY") and not k.startswith("HF_")}
+    env.pop("TRANSFORMERS_OFFLINE", None)
+    env.update(
+        HF_ENDPOINT=url, HF_HOME=str(home), HF_HUB_CACHE=str(home / "hub"), HF_HUB_DISABLE_TELEMETRY="1",
+        NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
+        MERGEKIT_RAM_CACHE="off", MERGEKIT_RAM_NATIVE="0",  # no statistics cache, no kernel build on the way
+    )
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    return env

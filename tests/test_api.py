@@ -37,6 +37,7 @@ def forbid_count(monkeypatch):
 # ---------------------------------------------------------------- state dicts
 
 
+@pytest.mark.quick
 def test_merge_state_dicts_matches_reference(fam):
     agents = agents_of(fam)
     out = mergekit_ram.merge_state_dicts(fam.base, agents)
@@ -46,6 +47,7 @@ def test_merge_state_dicts_matches_reference(fam):
     assert list(out) == list(fam.base)  # key order kept
 
 
+@pytest.mark.quick
 def test_agent_statistics_match_reference_and_closed_form(fam):
     agents = agents_of(fam)
     stats = mergekit_ram.agent_statistics(fam.base, agents)
@@ -237,6 +239,7 @@ def test_nan_names_tensor_and_agent(fam):
         ({"rho": [1.0]}, "rho"),
     ],
 )
+@pytest.mark.quick
 def test_invalid_arguments(fam, kwargs, word):
     with pytest.raises(ValueError, match=word):
         mergekit_ram.merge_state_dicts(fam.base, agents_of(fam, "AB"), **kwargs)
@@ -261,6 +264,7 @@ def test_unbounded_alpha_is_rejected(fam):
 # ---------------------------------------------------------------- mergekit's per-tensor API
 
 
+@pytest.mark.quick
 def test_mergekit_merge_tensors_needs_rho_unless_r_zero(fam):
     from mergekit.merge_methods import merge_tensors
 
@@ -307,6 +311,7 @@ def test_mergekit_merge_state_dicts_with_modules():
 # ---------------------------------------------------------------- discoverable, named as the JSON (issue 31)
 
 
+@pytest.mark.quick
 def test_the_api_is_discoverable_without_importing_torch():
     """`dir(mergekit_ram)` was empty of the API (it is loaded lazily); now `dir` lists `__all__`, each name
     resolves, and neither listing it nor starting Python imports torch or mergekit."""
@@ -357,12 +362,12 @@ def test_agent_stats_names_are_ram_stats_json_names(merged, qwen_bf16):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
-def test_rounding_by_input_dtype(dtype, capsys):
+def test_rounding_by_input_dtype(dtype):
     """float64 inputs: computed in float64, the float64 reference exactly. bfloat16: computed in float32 and
     rounded once, the reference rounded once (measured: every entry; double rounding could differ in general).
     float32: computed in float32, where each operation rounds: within the bound `assert_state_dict_matches`
     allows, and a measured share of the changed entries differs from the reference rounded once, most by one
-    ulp of the result (the README gives the figures this prints)."""
+    ulp of the result (the README gives the figures this prints: `-rP` shows them; `-q` shows no test's output)."""
     shares = []
     for seed in (4, 5, 6):
         fam = models.Family("qwen2", tied=False, dtype=dtype, seed=seed)
@@ -381,9 +386,8 @@ def test_rounding_by_input_dtype(dtype, capsys):
             changed, differ, one_ulp = changed + int(moved.sum()), differ + int(wrong.sum()), one_ulp + int((ulps == 1).sum())
         R.assert_state_dict_matches(out, ref, R.reference_magnitudes(fam.base, agents), min_exact=0.85)
         shares.append((differ / changed, one_ulp / max(differ, 1)))
-    with capsys.disabled():
-        print(f"\n{dtype}: of the changed entries, differing from the reference rounded once: "
-              + ", ".join(f"{100 * d:.1f}% ({100 * o:.0f}% of them by one ulp)" for d, o in shares))  # fmt: skip
+    print(f"{dtype}: of the changed entries, differing from the reference rounded once: "
+          + ", ".join(f"{100 * d:.1f}% ({100 * o:.0f}% of them by one ulp)" for d, o in shares))  # fmt: skip
     if dtype in (torch.float64, torch.bfloat16):
         assert all(d == 0 for d, _ in shares)
     else:

@@ -150,6 +150,7 @@ def _hand_runs() -> dict:
     }
 
 
+@pytest.mark.quick
 def test_report_summarize_medians_valid_runs_and_failures(report):
     s = report.summarize([_run(7.0), _run(20.0, disturbed=True), _run(7.2), _run(30.0, superseded=True),
                           {**_run(1.0), "priming": True}])
@@ -261,6 +262,7 @@ def _report_dict(report, workloads: list[dict], scaling=None) -> dict:
             "workloads": workloads, "total_wall_s": 123.4}
 
 
+@pytest.mark.quick
 def test_report_header_and_scaling_fit(report):
     runs = {"N2": (4.0, 5.0, 4.0), "N3": (4.0, 7.0, 4.5), "N4": (4.0, None, 5.0)}  # task_arithmetic timed out on N4
     wls = []
@@ -319,6 +321,7 @@ def test_profile_phases_follow_the_statistics_pass_split():
     assert profile.classify(merge) == "other Python: execute"
 
 
+@pytest.mark.quick
 def test_runner_help(capsys):
     """`run.py --help` prints (a bare % in a help text made argparse fail on it)."""
     run = _load("run")

@@ -12,6 +12,8 @@ import torch
 
 from mergekit_ram import bitwise
 
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
+
 INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 

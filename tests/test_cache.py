@@ -103,6 +103,7 @@ def forget_open_files() -> None:
 # ---------------------------------------------------------------- hits
 
 
+@pytest.mark.quick
 def test_other_r_reuses_counts_and_reads_each_tensor_once(run_yaml, qwen_bf16, cache_dir, tensor_reads, monkeypatch):
     agents = "ABC"
     n_tensors = len(qwen_bf16.family.base)
@@ -136,6 +137,7 @@ def test_other_r_reuses_counts_and_reads_each_tensor_once(run_yaml, qwen_bf16, c
     assert warm_report == plain_report
 
 
+@pytest.mark.quick
 def test_what_changes_the_key(run_yaml, qwen_bf16, cache_dir):
     """r and rho_scope reuse the counts; epsilon, dtype and the set of models do not."""
     first = run_yaml(config_text(qwen_bf16, "ABC"))
@@ -458,6 +460,7 @@ def test_default_location_follows_xdg_cache_home(run_yaml, qwen_bf16, tmp_path, 
     assert run_yaml(config_text(qwen_bf16, "AB")).count_calls == 0
 
 
+@pytest.mark.quick
 def test_unwritable_cache_only_warns(run_yaml, merged, qwen_bf16, tmp_path, monkeypatch, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

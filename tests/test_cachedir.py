@@ -10,6 +10,8 @@ from helpers import NEEDS_COMPILER
 
 from mergekit_ram import cache, cachedir, native
 
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
+
 PACKAGE = Path(cachedir.__file__).resolve().parent
 
 

@@ -107,6 +107,7 @@ def test_inspect_table_json_and_plot(merged, qwen_bf16, tmp_path, capsys):
     assert float(image[..., :3].std()) > 0.05  # heat maps, not a flat picture
 
 
+@pytest.mark.quick
 def test_inspect_other_r_alpha_and_rule(qwen_bf16, tmp_path, capsys):
     cfg = write_config(tmp_path, config_text(qwen_bf16, "ABC"))
     _, totals = closed_form(qwen_bf16.family, "ABC")
@@ -216,6 +217,7 @@ def test_an_input_that_cannot_be_counted_exits_1_with_one_line(qwen_bf16, tmp_pa
     assert lines[0].startswith("mergekit-ram inspect: error:") and named in lines[0] and str(path) in lines[0]
 
 
+@pytest.mark.quick
 def test_missing_config_file_exits_2(tmp_path, capsys):
     code, out, err = inspect(capsys, tmp_path / "nope.yml")
     assert code == 2 and out == ""
@@ -236,6 +238,7 @@ def test_non_ramplus_config_is_inspected(qwen_bf16, tmp_path, capsys):
     assert {a["model"]: a["active"] for a in report["agents"]} == {qwen_bf16.path(a): totals[a]["active"] for a in "ABC"}
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("flag, value", [("--r", "-1"), ("--alpha", "inf"), ("--r", "nan")])
 def test_invalid_r_or_alpha_exits_2(qwen_bf16, tmp_path, capsys, flag, value):
     code, out, err = inspect(capsys, write_config(tmp_path, config_text(qwen_bf16, "AB")), flag, value, "-q")
@@ -280,6 +283,7 @@ def test_console_script(qwen_bf16, tmp_path, capsys):
 # ---------------------------------------------------------------- a stranger's first hour (issue 31)
 
 
+@pytest.mark.quick
 def test_plot_without_matplotlib_fails_before_any_work(qwen_bf16, tmp_path, capsys, monkeypatch):
     """It ran the whole statistics pass and wrote --json before failing, with a hint unlike the README's."""
     from mergekit_ram import kernel, plot
@@ -311,23 +315,106 @@ def test_quiet_inspect_of_a_flat_config_draws_no_bar(flat_mlp, tmp_path, capsys)
     assert code == 0 and "Planning operations" in err
 
 
+@pytest.mark.quick
 def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_ones(monkeypatch):
-    """verify's device flags are mergekit's own (`add_merge_options`, as inspect's), less the options its folder's
-    record fixes and those of writing a folder: `--gpu-rich`, which its errors name, is one of them."""
+    """verify's device flags are mergekit's own (as inspect's), less the options its folder's record fixes and those
+    of writing a folder: `--gpu-rich`, which its errors name, is one of them; `-q` is `--quiet`, listed once."""
     from mergekit.options import MergeOptions
 
     from mergekit_ram import cli
-    from mergekit_ram.cli import WRITING_OPTIONS, _verify_command
+    from mergekit_ram._mergekit.options import WRITES
+    from mergekit_ram.cli import _verify_command
     from mergekit_ram.report import RECORDED_OPTIONS
 
     command = _verify_command()
     names = {p.name for p in command.params}
-    taken = set(MergeOptions.model_fields) - set(RECORDED_OPTIONS) - set(WRITING_OPTIONS)
+    taken = set(MergeOptions.model_fields) - set(RECORDED_OPTIONS) - set(WRITES)
     assert taken <= names and not (set(MergeOptions.model_fields) - taken) & names
     assert {"gpu_rich", "device", "cuda", "num_threads", "read_to_gpu", "multi_gpu", "low_cpu_memory"} <= taken
-    assert {"out_dir", "as_json", "inputs", "trust", "short_quiet"} <= names
+    assert {"out_dir", "as_json", "inputs", "trust"} <= names
+    quiet = [p for p in command.params if "-q" in p.opts or "--quiet" in p.opts]
+    assert len(quiet) == 1 and set(quiet[0].opts) == {"-q", "--quiet"}, [p.opts for p in quiet]
+    from mergekit_ram._mergekit import verification
+    from mergekit_ram.errors import NotVerifiable
+
     seen = {}
-    monkeypatch.setattr(cli, "_verify", lambda out_dir, as_json, options, **kwargs: seen.update(options=options))
-    command.main(["/nowhere", "--gpu-rich", "-q", "-j", "3"], standalone_mode=False)
+
+    def verify(folder, options, **_kwargs):
+        seen.update(options=options)
+        raise NotVerifiable("stop here")
+
+    monkeypatch.setattr(verification, "verify", verify)
+    with pytest.raises(cli._UsageError):
+        command.main(["/nowhere", "--gpu-rich", "-q", "-j", "3"], standalone_mode=False)
     options = seen["options"]
+    assert isinstance(options, MergeOptions)
     assert options.gpu_rich and options.num_threads == 3 and options.quiet and not options.trust_remote_code
+
+
+@pytest.mark.quick
+def test_merge_options_are_declared_as_mergekit_declares_them():
+    """inspect and verify declare mergekit's merge options without importing mergekit (so that their help answers
+    at once): each as mergekit's `add_merge_options` makes it (`-q` added to `--quiet`), and every field of
+    `MergeOptions` either offered or one of those of writing a model (`WRITES`)."""
+    from mergekit.options import MergeOptions, add_merge_options
+
+    from mergekit_ram._mergekit import options
+
+    theirs = {p.name: p for p in add_merge_options(lambda **_: None).__click_params__}
+    ours = {p.name: p for p in options.declare()(lambda **_: None).__click_params__}
+    assert list(ours) == [name for name in theirs if name in options.FIELDS]  # in mergekit's order
+    assert set(ours) | set(options.WRITES) == set(theirs) == set(MergeOptions.model_fields)
+    assert not set(ours) & set(options.WRITES)
+    for name, mine in ours.items():
+        given = theirs[name]
+        assert set(mine.opts) - ({"-q"} if name == "quiet" else set()) == set(given.opts), name
+        assert mine.secondary_opts == given.secondary_opts, name
+        for attribute in ("type", "default", "help", "show_default", "count", "is_flag", "multiple", "required"):
+            assert getattr(mine, attribute) == getattr(given, attribute), (name, attribute)
+        assert MergeOptions.model_fields[name].default == mine.default, name
+
+
+HEAVY = ("torch", "mergekit", "transformers")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["--version"],
+        ["example", "--help"],
+        ["inspect", "--help"],
+        ["verify", "--help"],
+        ["inspect"],
+        ["inspect", "CONFIG", "--no-such-flag"],
+        ["inspect", "CONFIG", "--r", "-1"],
+        ["inspect", "NOWHERE/config.yml"],
+        ["inspect", "CONFIG", "--out-shard-size", "1B"],
+        ["verify"],
+        ["verify", "NOWHERE", "--input", "no-equals-sign"],
+        ["verify", "NOWHERE", "--no-such-flag"],
+    ],
+    ids=lambda args: " ".join(args),
+)
+@pytest.mark.quick
+def test_help_version_and_usage_errors_import_no_torch_or_mergekit(tmp_path, args):
+    """They imported mergekit, torch and transformers before answering: 4 s on a quiet machine (11 s at load 3,
+    41-47 s under heavy load) against 0.07 s for `mergekit-ram --help`. Checked in a fresh interpreter."""
+    config = tmp_path / "config.yml"
+    config.write_text("merge_method: ramplus\n", encoding="utf-8")
+    args = [a.replace("NOWHERE", str(tmp_path / "nowhere")).replace("CONFIG", str(config)) for a in args]
+    code = (
+        "import json, sys\n"
+        "from mergekit_ram import cli\n"
+        f"code = cli.main({args!r})\n"
+        f"print('LOADED', json.dumps([m for m in {HEAVY!r} if m in sys.modules]), code)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert "LOADED" in done.stdout, done.stderr[-3000:]
+    loaded, code = done.stdout.split("LOADED ", 1)[1].rsplit(" ", 1)
+    assert json.loads(loaded) == [], f"{' '.join(args)} imported {loaded}"
+    assert int(code) == (0 if "--help" in args or "--version" in args else 2), done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr, done.stderr
+    if int(code) and not lines[-1].startswith("Error: "):  # ours: one line (click's: its usage, a hint, the error)
+        assert len(lines) == 1 and lines[0].startswith(f"mergekit-ram {args[0]}: error: "), lines

@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 
 from mergekit_ram import bitwise, compare, record_checks
+
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 
 FOLDER = "/data/merged"
 

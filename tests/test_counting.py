@@ -45,6 +45,7 @@ class Label(Task[str]):
 # ---------------------------------------------------------------- the reverse order
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("n, slices", [(10, 4), (130, counting.SLICES), (3, counting.SLICES), (1, 1)])
 def test_reverse_slices_count_every_target_once_last_slice_first(monkeypatch, n, slices):
     monkeypatch.setattr(counting, "SLICES", slices)
@@ -114,6 +115,7 @@ def _named(*names: str):
     return [SimpleNamespace(output_weight=SimpleNamespace(name=n)) for n in names]
 
 
+@pytest.mark.quick
 def test_a_cache_entry_must_name_these_agents_and_only_planned_tensors(caplog):
     entry = {"agents": ["a", "b"], "tensors": [{"name": "w1"}, {"name": "w2"}]}
     assert counting.covers(entry, ["a", "b"], _named("w1", "w2"))
@@ -151,6 +153,7 @@ def test_the_cache_key_follows_counts_not_the_device(qwen_bf16, monkeypatch, tmp
     assert key(config_text(qwen_bf16, "BA")) != same  # another order of agents
 
 
+@pytest.mark.quick
 def test_counted_then_from_the_cache_then_not_computed(qwen_bf16, monkeypatch, tmp_path):
     monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(tmp_path / "cache"))
     found = [t for _, t in tasks.planned(tasks.of_planner(planner_of(config_text(qwen_bf16, "AB"))), resolves_to_ours)]

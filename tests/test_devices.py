@@ -51,6 +51,7 @@ def test_gpu_flags_pass_the_device_check_where_torch_sees_a_gpu(gpus, flags):
     assert "torch sees no" in str(refused.value)
 
 
+@pytest.mark.quick
 def test_cpu_and_auto_pass_the_device_check_with_or_without_a_gpu(gpus):
     for n in (0, 1):
         gpus(n)
@@ -60,6 +61,7 @@ def test_cpu_and_auto_pass_the_device_check_with_or_without_a_gpu(gpus):
     assert MergeOptions(device="auto").device == "cuda"  # mergekit resolves auto when the options are built
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("low_cpu_memory", [False, True])
 def test_the_statistics_pass_runs_on_the_devices_of_the_merge(gpus, low_cpu_memory):
     """The statistics pass's executor gets the merge's devices: math on the GPU, storage on the CPU unless

@@ -107,6 +107,7 @@ def test_a_script_calling_run_merge_prints_one_line(qwen_bf16, tmp_path):
     _one_line(_run([sys.executable, str(script)], tmp_path), "merge.py", TYPO)
 
 
+@pytest.mark.quick
 def test_run_merge_in_python_raises_a_ram_error_of_one_line(qwen_bf16, run_yaml, tmp_path):
     config = _typo_config(qwen_bf16, tmp_path)
     with pytest.raises(errors.RamError) as info:
@@ -126,7 +127,8 @@ def test_inspect_prints_one_line_and_v_the_traceback(qwen_bf16, tmp_path):
 # ---------------------------------------------------------------- the pieces, in this process
 
 
-def test_one_line_is_ours_only_and_follows_a_cause():
+@pytest.mark.quick
+def test_one_line_is_a_ram_error_only_not_one_raised_from_it():
     assert errors.one_line(ValueError("not ours")) is None
     assert errors.one_line(errors.RamError("a\n  b"), "prog") == "prog: error: a b"
     try:
@@ -135,26 +137,80 @@ def test_one_line_is_ours_only_and_follows_a_cause():
         except errors.RamError as error:
             raise RuntimeError("wrapped") from error
     except RuntimeError as outer:
-        assert errors.one_line(outer, "p") == "p: error: inner"
+        assert errors.one_line(outer, "p") is None  # the raiser's error, with its own type and message
 
 
-def test_excepthook_leaves_other_errors_to_the_previous_hook(capsys, monkeypatch):
-    seen = []
-    hook = errors.excepthook(lambda *args: seen.append(args[1]))
+def test_excepthook_shortens_ram_errors_for_pythons_hook_only(capsys, monkeypatch):
+    import logging
+
     monkeypatch.delenv(errors.TRACEBACK_ENV, raising=False)
+    monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)
+    seen = []
+    monkeypatch.setattr(sys, "__excepthook__", lambda *args: seen.append(args[1]))  # Python's own, recorded
+    hook = errors.excepthook(sys.__excepthook__)
     other = KeyError("x")
     hook(KeyError, other, None)
     assert seen == [other]
-    import logging
-
-    monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)
     hook(errors.RamError, errors.RamError("refused"), None)
     assert capsys.readouterr().err.endswith("error: refused\n") and len(seen) == 1
     monkeypatch.setenv(errors.TRACEBACK_ENV, "1")
     hook(errors.RamError, errors.RamError("refused"), None)
     assert len(seen) == 2
+    monkeypatch.delenv(errors.TRACEBACK_ENV)
+    reporter = []
+    custom = errors.excepthook(lambda *args: reporter.append(args[1]))  # a program's own hook
+    refused = errors.RamError("refused")
+    custom(errors.RamError, refused, None)
+    assert reporter == [refused] and capsys.readouterr().err == ""
 
 
+SCRIPT_HEAD = (
+    "import sys, yaml\n"
+    "{before}"
+    "from mergekit.config import MergeConfiguration\n"
+    "from mergekit.merge import run_merge\n"
+    "from mergekit.options import MergeOptions\n"
+    "config = MergeConfiguration.model_validate(yaml.safe_load(open({config!r})))\n"
+)
+
+
+def _script(tmp_path: Path, config: Path, body: str, before: str = "") -> Path:
+    script = tmp_path / "job.py"
+    text = SCRIPT_HEAD.format(config=str(config), before=before) + body.format(out=str(tmp_path / "out"))
+    script.write_text(text, encoding="utf-8")
+    return script
+
+
+def test_a_script_raising_its_own_error_from_a_ram_error_keeps_its_traceback(qwen_bf16, tmp_path):
+    """A program that catches our error and raises its own from it shows its own error (issue 39, case 7)."""
+    script = _script(tmp_path, _typo_config(qwen_bf16, tmp_path), (
+        "try:\n"
+        "    run_merge(config, {out!r}, options=MergeOptions(quiet=True))\n"
+        "except ValueError as e:\n"
+        "    raise RuntimeError('JOB-17 failed') from e\n"
+    ))  # fmt: skip
+    done = _run([sys.executable, str(script)], tmp_path)
+    assert done.returncode == 1
+    assert "Traceback" in done.stderr, done.stderr
+    assert done.stderr.rstrip().endswith("RuntimeError: JOB-17 failed"), done.stderr
+    assert TYPO in done.stderr  # the cause, as Python chains it
+
+
+def test_a_programs_own_excepthook_still_sees_our_errors(qwen_bf16, tmp_path):
+    """A crash reporter installed before mergekit is imported is called for a RamError too (issue 39, case 7)."""
+    reporter = (
+        "def report(kind, error, tb):\n"
+        "    print('REPORTER saw ' + kind.__name__ + ': ' + str(error), file=sys.stderr)\n"
+        "sys.excepthook = report\n"
+    )
+    script = _script(tmp_path, _typo_config(qwen_bf16, tmp_path),
+                     "run_merge(config, {out!r}, options=MergeOptions(quiet=True))\n", before=reporter)  # fmt: skip
+    done = _run([sys.executable, str(script)], tmp_path)
+    assert done.returncode == 1
+    assert f"REPORTER saw RamError: {TYPO}" in done.stderr, done.stderr
+
+
+@pytest.mark.quick
 def test_the_hook_is_installed_once_mergekit_is_loaded():
     import mergekit.plan  # noqa: F401  (loads the hooks)
 

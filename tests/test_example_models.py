@@ -66,6 +66,7 @@ def test_layout_and_parameter_count(bf16_workload):
         assert all(t.dtype == torch.bfloat16 for t in tensors.values())
 
 
+@pytest.mark.quick
 def test_densities_exact_per_tensor_and_overall(bf16_workload):
     _, base, agents = bf16_workload
     for (name, tensors), density in zip(agents.items(), DENSITIES):
@@ -256,6 +257,7 @@ def test_perturb_edge_values_stay_finite_and_keep_sign():
         assert torch.equal(ob < 0, bb < 0)
 
 
+@pytest.mark.quick
 def test_argument_validation(tmp_path):
     with pytest.raises(ValueError):
         build_workload(tmp_path, densities=(0.1, 0.2), agent_names=["only"])
@@ -307,6 +309,7 @@ def test_cli_example(tmp_path, capsys):
     assert cli.main(["example", str(out), "--force"]) == 0
 
 
+@pytest.mark.quick
 def test_cli_usage_errors(capsys):
     assert cli.main([]) == 2
     assert cli.main(["no-such-command"]) == 2

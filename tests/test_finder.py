@@ -135,6 +135,7 @@ def test_unmodified_mergekit_yaml_merges_ramplus(workload, tmp_path, neutral_cwd
     assert any(not torch.equal(merged[k].float(), base[k].float()) for k in merged if k in base)
 
 
+@pytest.mark.quick
 def test_ramplus_registered_without_explicit_import(py):
     result, _ = py(
         """
@@ -156,6 +157,7 @@ def test_ramplus_registered_without_explicit_import(py):
 # --------------------------------------------------------------------------- #
 # Start-up cost
 # --------------------------------------------------------------------------- #
+@pytest.mark.quick
 def test_startup_is_torch_free_and_mergekit_free(py):
     result, proc = py(
         """

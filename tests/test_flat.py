@@ -94,6 +94,7 @@ def _record(flat, fmt, text_dtype, union=False, intersection=False, agents=AGENT
 # ---------------------------------------------------------------- merges equal the float64 reference
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("fmt", ["safetensors", "pt"])
 def test_mlp_bf16_merge_is_the_reference_and_counts_the_known_sets(flat_mlp, fmt, tmp_path):
     out = tmp_path / "out"
@@ -285,6 +286,7 @@ def test_union_counts_a_tensor_over_the_agents_that_store_it_and_keeps_a_base_on
     assert tensor["counts"][paths["B"]] == [0, 0, 0] and tensor["counts"][paths["C"]] == [0, 0, 0]
 
 
+@pytest.mark.quick
 def test_union_refuses_a_tensor_the_base_lacks(flat_mlp, tmp_path):
     from safetensors.torch import save_file
 
@@ -330,6 +332,7 @@ def test_a_nan_is_named_by_tensor_and_file(flat_mlp, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("fmt", ["safetensors", "pt"])
 def test_a_shape_mismatch_is_named_by_tensor_and_file(flat_mlp, fmt, tmp_path):
     from safetensors.torch import save_file
@@ -395,6 +398,7 @@ def test_another_method_runs_as_mergekit_and_drops_a_stale_ram_stats(flat_mlp, t
 # ---------------------------------------------------------------- inspect, and the planner called directly
 
 
+@pytest.mark.quick
 def test_inspect_takes_a_mergekit_pytorch_config(flat_mlp, ragged, tmp_path, capsys):
     from mergekit_ram import cli
 

@@ -6,6 +6,8 @@ import pytest
 
 from mergekit_ram import formulas
 
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
+
 
 @pytest.mark.parametrize(
     ("shared", "unique", "expected"),

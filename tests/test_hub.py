@@ -18,7 +18,6 @@ subprocess with `HF_ENDPOINT` pointing at the stub and a fresh `HF_HOME` / `HF_H
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import torch
 import models
 import reference as R
 from helpers import BF16, closed_form, read_stats, validate_schema
-from hub_stub import HubStub
+from hub_stub import HubStub, hub_env
 
 REPOS = {"org/base": ("base",), "org/agent-a": ("A", "C"), "org/agent-b": ("B",)}
 
@@ -41,20 +40,6 @@ def _exe(name: str) -> str:
     if not exe.exists():
         pytest.skip(f"the {name} console script is not installed next to this interpreter")
     return str(exe)
-
-
-def hub_env(url: str, home: Path, *, offline: bool = False) -> dict:
-    """The environment of a process that may reach the stub only: no proxy, no token, no other HF_ setting."""
-    env = {k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY") and not k.startswith("HF_")}
-    env.pop("TRANSFORMERS_OFFLINE", None)
-    env.update(
-        HF_ENDPOINT=url, HF_HOME=str(home), HF_HUB_CACHE=str(home / "hub"), HF_HUB_DISABLE_TELEMETRY="1",
-        NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
-        MERGEKIT_RAM_CACHE="off", MERGEKIT_RAM_NATIVE="0",  # no statistics cache, no kernel build on the way
-    )
-    if offline:
-        env["HF_HUB_OFFLINE"] = "1"
-    return env
 
 
 def merge(config_text: str, root: Path, name: str, env: dict) -> subprocess.CompletedProcess:
@@ -103,6 +88,7 @@ def public_identity(folder) -> dict:
 # ---------------------------------------------------------------- online
 
 
+@pytest.mark.quick
 def test_hub_ids_merge_the_weights_of_each_revision(hub, qwen_bf16):
     out = models.load_checkpoint(hub.out)
     base = qwen_bf16.stored("base")
@@ -152,6 +138,7 @@ RESOLVE = re.compile(r"^/org/[a-z-]+/resolve/([0-9a-f]{40}|main)/(config\.json|m
 API = re.compile(r"^/api/models/org/[a-z-]+(/revision/(main|[0-9a-f]{40})|/tree/(main|[0-9a-f]{40}))?$")
 
 
+@pytest.mark.quick
 def test_the_stub_served_the_documented_endpoints_only(hub):
     """What mergekit 0.1.5 + huggingface_hub asked for (see tests/hub_stub.py's docstring).
 

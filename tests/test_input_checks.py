@@ -8,6 +8,8 @@ import pytest
 
 from mergekit_ram import files, input_checks
 
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
+
 LOGGER = "mergekit_ram"
 
 

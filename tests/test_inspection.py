@@ -81,6 +81,7 @@ def test_another_methods_config_is_planned_as_ramplus_without_judging_its_parame
     assert done.report is not None and done.report["method"] == "ramplus"
 
 
+@pytest.mark.quick
 def test_what_the_inputs_hold_is_an_input_error(qwen_bf16):
     with pytest.raises(errors.InputError, match="model.layers.1.mlp.down_proj.weight") as info:
         inspection.inspect(_config(config_text(qwen_bf16, ["B", "NAN"])), _options())
@@ -91,6 +92,7 @@ def test_what_the_inputs_hold_is_an_input_error(qwen_bf16):
     assert isinstance(info.value, ValueError)  # still a ValueError to any caller that catches those
 
 
+@pytest.mark.quick
 def test_a_missing_input_folder_file_is_an_input_error(qwen_bf16, tmp_path):
     empty = tmp_path / "no-config"
     empty.mkdir()
@@ -99,6 +101,7 @@ def test_a_missing_input_folder_file_is_an_input_error(qwen_bf16, tmp_path):
         inspection.inspect(_config(text), _options())
 
 
+@pytest.mark.quick
 def test_what_the_config_asks_is_no_input_error(qwen_bf16):
     no_base = "merge_method: ramplus\ndtype: bfloat16\nmodels:\n" + "".join(
         f"  - model: {qwen_bf16.path(a)}\n" for a in ("base", "A")

@@ -43,6 +43,7 @@ def _run(args, cwd, timeout=600) -> subprocess.CompletedProcess:
 # --------------------------------------------------------------------------- #
 # The .pth file itself
 # --------------------------------------------------------------------------- #
+@pytest.mark.quick
 def test_pth_is_one_import_line():
     lines = [l for l in REPO_PTH.read_text().splitlines() if l.strip()]
     assert len(lines) == 1, lines
@@ -161,6 +162,7 @@ def test_wheel_install_registers_from_its_own_files(wheel, tmp_path):
 # --------------------------------------------------------------------------- #
 # Editable install
 # --------------------------------------------------------------------------- #
+@pytest.mark.quick
 def test_editable_install_has_current_pth():
     if not Path(mergekit_ram.__file__).resolve().is_relative_to(REPO):
         pytest.skip(f"mergekit_ram is not installed editable from {REPO}")
@@ -237,6 +239,7 @@ def _setup_blocks(readme: str):
     return heading, blocks
 
 
+@pytest.mark.quick
 def test_readme_setup_commands_are_what_ci_runs():
     readme_path, ci_path = REPO / "README.md", REPO / ".ci" / "run"
     assert readme_path.is_file(), "README.md is missing"
@@ -265,6 +268,7 @@ def test_readme_setup_commands_are_what_ci_runs():
             position = ci.index(command, position) + 1
 
 
+@pytest.mark.quick
 def test_ci_stops_when_a_chained_command_fails():
     """`set -e` ignores a failure inside `a && b`: each chained line of .ci/run runs in a subshell."""
     text = re.sub(r"\\\n\s*", " ", (REPO / ".ci" / "run").read_text())
@@ -275,6 +279,7 @@ def test_ci_stops_when_a_chained_command_fails():
     assert not bare, f".ci/run goes on after a failure in these lines (wrap each in `( ... )`): {bare}"
 
 
+@pytest.mark.quick
 def test_contributing_checks_command_is_what_ci_runs():
     """CONTRIBUTING.md's checks command runs in .ci/run, after set-up command 1, before the tests."""
     text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
@@ -298,6 +303,7 @@ def _slug(title: str) -> str:
     return title.replace(" ", "-")
 
 
+@pytest.mark.quick
 def test_readme_relative_links_resolve():
     text = (REPO / "README.md").read_text(encoding="utf-8")
     text = re.sub(r"^\s*(```+|~~~+).*?^\s*\1\s*$", "", text, flags=re.S | re.M)  # fenced code
@@ -339,6 +345,7 @@ def _install_groups() -> dict[str, list[str]]:
     return groups
 
 
+@pytest.mark.quick
 def test_readme_install_lines_name_what_they_claim():
     """The README said `pip install torch==2.13.0 .` "pins the CPU build": on PyPI, torch 2.13.0 for Linux x86-64
     is the CUDA build (it needs cuda-toolkit and nvidia-cudnn-cu13, measured with an isolated `pip install --dry-run
@@ -364,3 +371,82 @@ def test_readme_install_lines_name_what_they_claim():
         if re.search(r"torch==[\d.]+", sentence) and re.search(r"\bCPU\b", sentence):
             assert "CUDA" in sentence or "whl/cpu" in sentence, sentence
     assert "pins the CPU build" not in text
+
+
+# --------------------------------------------------------------------------- #
+# The suite's extra installs what the suite needs; the policies stack is its own (issue 43)
+# --------------------------------------------------------------------------- #
+def _pyproject() -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the test extra installs tomli
+        import tomli as tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _extras() -> dict[str, list[str]]:
+    return _pyproject()["project"]["optional-dependencies"]
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+@pytest.mark.quick
+def test_the_test_extra_leaves_the_policies_stack_out_and_ci_runs_it():
+    """`pip install torch==2.13.0 -e ".[test]"` installed metaworld, mujoco, gymnasium and stable-baselines3 (86
+    packages, 1.8 GB) for the policies benchmark's tests: they are the `policies` extra, and one CI stage
+    installs it and runs them."""
+    extras = _extras()
+    policies = {_name(r) for r in extras["policies"]} - {"packaging"}
+    assert {"metaworld", "mujoco", "gymnasium", "stable-baselines3"} <= policies
+    test = {_name(r) for r in extras["test"]}
+    assert not test & policies and not any(r.startswith("mergekit-ram[") for r in extras["test"]), extras["test"]
+    ci = _logical_lines((REPO / ".ci" / "run").read_text())
+    assert 'pip install -e ".[policies]" && python -m pytest -q tests/test_policies.py' in ci, ci
+    for doc in ("README.md", "CONTRIBUTING.md"):
+        text = (REPO / doc).read_text(encoding="utf-8")
+        assert 'pip install -e ".[policies]"' in text and "tests/test_policies.py" in text, doc
+
+
+def test_the_policies_tests_skip_without_their_extra_saying_how_to_install_it(tmp_path):
+    block = "import sys; sys.modules.update(stable_baselines3=None, metaworld=None)\n"  # as if not installed
+    (tmp_path / "sitecustomize.py").write_text(block)
+    env = {**_env(), "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_policies.py"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode in (0, 5), done.stdout[-3000:] + done.stderr[-3000:]  # 5: the module skipped whole
+    assert "1 skipped" in done.stdout and 'pip install -e ".[policies]"' in done.stdout, done.stdout[-3000:]
+
+
+# --------------------------------------------------------------------------- #
+# A quick way into the suite, and a quiet one (issue 43)
+# --------------------------------------------------------------------------- #
+def _test_modules() -> list[Path]:
+    return sorted(p for p in (REPO / "tests").rglob("test_*.py"))
+
+
+@pytest.mark.quick
+def test_the_quick_subset_covers_every_test_module_and_is_documented():
+    """`python -m pytest -q -m quick -n 2`: at least one test of each module is marked (a module's `pytestmark`
+    counts too), the marker is registered (pytest warns about an unknown one), and README and CONTRIBUTING say so."""
+    marked = re.compile(r"^\s*@pytest\.mark\.quick\b|^pytestmark\b.*\bpytest\.mark\.quick\b", re.M)
+    unmarked = [str(p.relative_to(REPO)) for p in _test_modules() if not marked.search(p.read_text("utf-8"))]
+    assert not unmarked, f"test modules with no test in the quick subset (mark one fast test): {unmarked}"
+    options = _pyproject()["tool"]["pytest"]["ini_options"]
+    assert any(m.startswith("quick:") for m in options["markers"]), options
+    for doc in ("README.md", "CONTRIBUTING.md"):
+        assert "python -m pytest -q -m quick -n 2" in (REPO / doc).read_text(encoding="utf-8"), doc
+
+
+@pytest.mark.quick
+def test_no_test_writes_past_pytests_capture():
+    """`-q` shows dots: a test's output is captured and shown only when it fails (or with `-rP`). A print under
+    `capsys.disabled()` landed among the dots."""
+    escapes = ("capsys.disabled(", "capfd.disabled(", "capsysbinary.disabled(", "sys.__stdout__", "sys.__stderr__")
+    modules = [p for p in _test_modules() if p != Path(__file__).resolve()]
+    found = [f"{p.relative_to(REPO)}: {e}" for p in modules for e in escapes if e in p.read_text("utf-8")]
+    assert not found, found

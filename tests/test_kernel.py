@@ -75,6 +75,7 @@ def lambdas_of(stats, r=R_, alpha=ALPHA):
 # ------------------------------------------------------------------ count
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_count_matches_reference(dtype, n):
@@ -105,6 +106,7 @@ def test_full_blocks_count_exactly(n):
     assert found.pair_counts.tolist() == [[numel, numel]] * (n * (n - 1) // 2)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_merge_matches_reference(dtype, n):
@@ -116,6 +118,7 @@ def test_merge_matches_reference(dtype, n):
     R.assert_rounded_equal(out, ref, mag, label=f"{dtype} n={n}", acc_dtype=acc)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_merge_three_regimes_exactly(dtype):
     """Unchanged entries are the base bit for bit; sub-threshold deltas are dropped;
@@ -134,6 +137,7 @@ def test_merge_three_regimes_exactly(dtype):
     assert counts == [[4, 1, 3], [3, 0, 3]]
 
 
+@pytest.mark.quick
 def test_active_is_strict_and_absolute():
     d = torch.tensor([1e-5, -1e-5, 1.0000001e-5, -2e-5, 0.0, 3.0], dtype=torch.float64)
     assert kernel.active(d, 1e-5).tolist() == [False, False, True, True, False, True]
@@ -263,6 +267,7 @@ def test_agent_without_unique_entries():
 # ------------------------------------------------------------------ rho / lambda
 
 
+@pytest.mark.quick
 def test_rho_values():
     assert kernel.rho(3, 2) == 1.5
     assert kernel.rho(0, 5) == 0.0
@@ -347,6 +352,58 @@ def test_overflowing_task_vector_is_rejected():
         kernel.count(base, [agent], EPS, tensor_name="w")
 
 
+OVERFLOWS = [  # (inputs, written in, agent value at the entry, lambda): finite inputs, a result its dtype cannot hold
+    (torch.float16, torch.float16, 64000.0, 1.2),  # issue 39's mergekit-pytorch repro: 76,800
+    (torch.bfloat16, torch.bfloat16, 3.0e38, 1.2),  # past float32 too: the kernel's own arithmetic overflows
+    (torch.float32, torch.float32, 3.0e38, 1.2),
+    (torch.float32, torch.float16, 60000.0, 1.2),  # out_dtype narrower than the inputs
+    (torch.bfloat16, torch.float16, 70144.0, 1.0),  # r = 0: the agent's own value, rounded once to float16
+]
+
+
+@pytest.mark.parametrize("dtype, out_dtype, value, lam", OVERFLOWS, ids=lambda v: str(v).removeprefix("torch."))
+def test_a_merge_its_dtype_cannot_hold_is_refused_naming_agent_lambda_and_dtype(dtype, out_dtype, value, lam):
+    """Before: both kernels wrote inf from finite inputs, silently (issue 39, case 4)."""
+    n = 5000  # more than two native blocks: the entry lies in the third
+    base = torch.zeros(n, dtype=dtype)
+    a, b = base.clone(), base.clone()
+    a[4321], a[10:40], b[10:40], b[50] = value, 0.01, 0.02, 0.5
+    assert torch.isfinite(a).all()
+    with pytest.raises(kernel.NonFiniteResultError) as info:
+        kernel.merge(base, [a, b], [lam, 1.05], EPS, out_dtype=out_dtype, names=["agent-a", "agent-b"],
+                     tensor_name="w")  # fmt: skip
+    written = str(out_dtype).removeprefix("torch.")
+    message = str(info.value)
+    assert message.startswith(f"tensor w: the merge of finite inputs is not finite in {written} at 1 entry; ")
+    stored = float(a[4321].float())  # the value as the input dtype holds it
+    assert f"at entry 4321, only agent-a changed it (by {stored:g}), and its lambda = {lam:g} makes" in message
+    assert f"beyond {written}'s largest value" in message and "or with a smaller `r`" in message
+    assert info.value.tensor == "w" and "agent-b" not in message
+
+
+@pytest.mark.parametrize("out_dtype, halfway", [(torch.float16, 65520.0), (torch.bfloat16, float.fromhex("0x1.ffp127"))],
+                         ids=["float16", "bfloat16"])  # fmt: skip
+def test_the_check_is_the_one_rounding_exactly(out_dtype, halfway):
+    """float32 results written narrower: the float32 just below the halfway point above the dtype's largest value
+    rounds to it (kept); the halfway point rounds to an infinity (refused)."""
+    base = torch.zeros(3000, dtype=torch.float32)
+    agent = base.clone()
+    agent[2999] = torch.nextafter(torch.tensor(halfway), torch.tensor(0.0))
+    out = kernel.merge(base, [agent], [1.0], EPS, out_dtype=out_dtype)
+    assert float(out[2999]) == torch.finfo(out_dtype).max
+    agent[2999] = halfway
+    with pytest.raises(kernel.NonFiniteResultError, match="at entry 2999, only agent #0 changed it"):
+        kernel.merge(base, [agent], [1.0], EPS, out_dtype=out_dtype)
+
+
+def test_a_mean_its_dtype_cannot_hold_names_the_agents():
+    base = torch.zeros(8, dtype=torch.float32)
+    a, b = base.clone(), base.clone()
+    a[3], b[3] = 3.0e38, 3.0e38  # their float32 sum overflows
+    with pytest.raises(kernel.NonFiniteResultError, match="at entry 3, A, B changed it; their mean update"):
+        kernel.merge(base, [a, b], [1.2, 1.2], EPS, names=["A", "B"])
+
+
 @pytest.mark.parametrize("fn, doing, scratch", [("count", "counting", 2048), ("diagnose", "diagnosing", 5 * 2048)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_native_allocation_failure_is_named_and_an_overflow_keeps_its_message(
@@ -380,6 +437,7 @@ def test_native_allocation_failure_is_named_and_an_overflow_keeps_its_message(
     assert getattr(kernel, fn)(base, agents, EPS) is not None  # the loops themselves are back
 
 
+@pytest.mark.quick
 def test_shape_mismatch_names_agent_and_tensor():
     base = torch.zeros(4, 3)
     with pytest.raises(ValueError) as info:
@@ -572,6 +630,7 @@ def nn_param(t: torch.Tensor) -> torch.nn.Parameter:
 # ------------------------------------------------------------------ native vs torch
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, torch.float32], ids=str)
 def test_native_and_torch_paths_agree(backend, dtype, out_dtype, monkeypatch):

@@ -16,7 +16,11 @@
 import ast
 from pathlib import Path
 
+import pytest
+
 from mergekit_ram._mergekit import surface
+
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mergekit_ram"
 PRIVATE = (

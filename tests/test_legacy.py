@@ -39,6 +39,7 @@ def legacy(qwen_bf16, tmp_path_factory):
     return SimpleNamespace(out=out, stderr=done.stderr)
 
 
+@pytest.mark.quick
 def test_legacy_ramplus_is_the_global_rho_merge(legacy, qwen_bf16):
     assert "RAM+ statistics (computed)" in legacy.stderr  # the pre-pass ran, so rho is the whole model's
     check_against_reference(SimpleNamespace(tensors=models.load_checkpoint(legacy.out)), qwen_bf16, "ABC")

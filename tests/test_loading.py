@@ -140,6 +140,7 @@ def test_moe_fast_loading_gives_mergekits_own_tensors(moe, run_yaml, monkeypatch
     assert session.current() is None
 
 
+@pytest.mark.quick
 def test_other_methods_keep_mergekits_loading(moe, run_yaml, monkeypatch):
     from mergekit_ram import session
     from mergekit_ram._mergekit import loading
@@ -157,6 +158,7 @@ def test_other_methods_keep_mergekits_loading(moe, run_yaml, monkeypatch):
     assert session.current() is None
 
 
+@pytest.mark.quick
 def test_reachable_names_each_experts_tensors(moe):
     from mergekit_ram._mergekit.loading import reachable
 
@@ -190,6 +192,7 @@ def test_merged_moe_loads_in_transformers_and_generates(moe, run_yaml):
     assert out.shape == (1, 7)
 
 
+@pytest.mark.quick
 def test_tensor_count_of_moe_layout(moe):
     arch, wl = moe
     stored = models.load_checkpoint(Path(wl.base))

@@ -28,6 +28,7 @@ def input_snapshot(qwen_bf16, llama_tied, llama_sharded, qwen_fp32):
 # ---------------------------------------------------------------- set-up
 
 
+@pytest.mark.quick
 def test_ramplus_is_registered_and_prepass_installed():
     from mergekit.merge_methods import registered_methods
     from mergekit.plan import MergePlanner
@@ -50,6 +51,7 @@ CASES = [
 ]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("fixture, agents", CASES)
 def test_merge_matches_reference(request, merged, fixture, agents):
     written = request.getfixturevalue(fixture)
@@ -76,6 +78,7 @@ def test_merge_matches_reference(request, merged, fixture, agents):
     assert dtype == run.config.get("dtype", run.config.get("torch_dtype"))
 
 
+@pytest.mark.quick
 def test_region_semantics_in_closed_form(merged, qwen_bf16):
     """Spot checks without the reference: unchanged entries keep the base bits,
     sub-threshold deltas are dropped, opposite deltas cancel, unique entries get
@@ -314,6 +317,7 @@ def test_no_downcast_warning_in_float32(run_yaml, qwen_fp32, caplog):
         ("rho", "", {"B": "rho: -1"}),
     ],
 )
+@pytest.mark.quick
 def test_invalid_parameters_fail_at_plan_time(
     run_yaml, qwen_bf16, monkeypatch, tmp_path, name, parameters, model_parameters
 ):
@@ -326,6 +330,7 @@ def test_invalid_parameters_fail_at_plan_time(
     no_weights_written(tmp_path)
 
 
+@pytest.mark.quick
 def test_missing_base_model_is_an_error(qwen_bf16, run_yaml, tmp_path):
     text = "\n".join(
         ["merge_method: ramplus", "dtype: bfloat16", "models:"]
@@ -365,6 +370,7 @@ def test_two_slice_base_models_are_an_error(llama_sharded, run_yaml, tmp_path):
     no_weights_written(tmp_path)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("r", ["0.1", "0"], ids=["prepass", "merge"])
 def test_nan_in_agent_names_tensor_and_model(qwen_bf16, run_yaml, tmp_path, r):
     from mergekit_ram.kernel import NonFiniteInputError
@@ -434,6 +440,7 @@ def test_mergekit_yaml_cli_in_a_fresh_process(merged, qwen_bf16, tmp_path):
         assert torch.equal(cli[name], inproc[name]), name
 
 
+@pytest.mark.quick
 def test_model_card_and_files(merged, qwen_bf16):
     run = merged(config_text(qwen_bf16, "ABC"))
     assert {"config.json", "model.safetensors", "README.md", "mergekit_config.yml"} <= set(run.files)

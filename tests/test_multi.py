@@ -86,6 +86,7 @@ def multi(qwen_bf16, tmp_path_factory):
     )
 
 
+@pytest.mark.quick
 def test_ramplus_stage_matches_the_float64_reference(multi, qwen_bf16):
     assert LOG_RUN.format("ram") in multi.first.stderr
     assert "RAM+ statistics (computed)" in multi.first.stderr  # the pre-pass ran (the statistics cache is off)
@@ -117,6 +118,7 @@ def test_ramplus_stage_writes_its_report_in_its_own_folder(multi, qwen_bf16):
     assert "merge_method: ramplus" in (multi.ram / "mergekit_config.yml").read_text(encoding="utf-8")
 
 
+@pytest.mark.quick
 def test_second_stage_ran_on_the_ramplus_output(multi, qwen_bf16):
     assert LOG_RUN.format("blend") in multi.first.stderr
     stage_config = (multi.blend / "mergekit_config.yml").read_text(encoding="utf-8")

@@ -8,6 +8,8 @@ import pytest
 
 from mergekit_ram import params
 
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
+
 
 @pytest.mark.parametrize(
     "name, value",

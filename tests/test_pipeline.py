@@ -16,6 +16,8 @@ from mergekit_ram import config_checks, report
 from mergekit_ram._mergekit import pipeline, surface, tasks
 from mergekit_ram.session import MergeSession
 
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
+
 
 def _rho_given(planner) -> dict[str, dict[str, float | None]]:
     """tensor -> agent -> the rho its planned task holds."""

@@ -1,6 +1,7 @@
 """`_mergekit/planner.plan`: a config planned by mergekit alone (run_merge's preamble), nothing of ours inside:
 the planned ramplus tasks carry no rho, no session is made current and the config is not checked by us."""
 
+import pytest
 import yaml
 from mergekit.config import MergeConfiguration
 from mergekit.options import MergeOptions
@@ -12,6 +13,8 @@ from mergekit_ram import session
 from mergekit_ram._mergekit import pipeline, surface, tasks
 from mergekit_ram._mergekit.planner import plan
 from mergekit_ram.method import resolves_to_ours
+
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 
 
 def test_plan_is_mergekits_planning_alone(qwen_bf16, monkeypatch):

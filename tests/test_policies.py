@@ -18,12 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-pytest.importorskip(
-    "stable_baselines3",
-    reason="the policies extra is not installed (CI's floor stage installs the test tools alone: stable-baselines3 "
-    "2.9.2 needs torch>=2.8, above mergekit-ram's floor)",
-)
-pytest.importorskip("metaworld", reason="the policies extra is not installed")
+NEEDS = 'the policies benchmark\'s extra is not installed (the suite\'s set-up leaves it out): pip install -e ".[policies]"'
+pytest.importorskip("stable_baselines3", reason=NEEDS)
+pytest.importorskip("metaworld", reason=NEEDS)
 
 POLICIES = Path(__file__).resolve().parents[1] / "benchmarks" / "policies"
 sys.path.insert(0, str(POLICIES))
@@ -123,6 +120,7 @@ def test_merge_and_evaluate_two_tiny_policies(tmp_path, capsys):
     assert "| model | seed 0 | seed 1 | seed 2 |" in (tmp_path / "results3" / "results.md").read_text()
 
 
+@pytest.mark.quick
 def test_seed_interval_is_students_t_over_the_seeds():
     assert policy_report.seed_interval([0.1, 0.3]) is None  # two seeds: no interval
     lo, hi = policy_report.seed_interval([1.0, 2.0, 3.0, 4.0])
@@ -130,6 +128,7 @@ def test_seed_interval_is_students_t_over_the_seeds():
     assert lo == pytest.approx(2.5 - half, abs=1e-5) and hi == pytest.approx(2.5 + half, abs=1e-5)
 
 
+@pytest.mark.quick
 def test_episodes_are_fixed_by_their_index():
     env = rl.MultiTask(TASKS[:1], TASKS, horizon=5, seed=0, terminate_on_success=True)
     first, _ = env.reset(seed=7, options={"task": TASKS[0], "variation": 3})

@@ -50,6 +50,7 @@ def _expected(name: str, prompt: str) -> str:
     raise AssertionError(name)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("name", sorted(T.TASKS))
 def test_task_answers_are_right_and_fit_the_vocabulary(name):
     p = T.params(name)
@@ -112,6 +113,7 @@ def test_a_flawed_corpus_gives_the_error_as_often_as_asked():
         assert all(a in (q[1:-1][::-1], T.TASKS["reverse"].bug(q)) for q, a in items)
 
 
+@pytest.mark.quick
 def test_eval_sets_are_fixed_distinct_and_never_trained_on():
     p = T.params("add", {"digits": 2})
     items = T.eval_set("add", p, 200, seed=3)
@@ -235,6 +237,7 @@ def test_a_rule_separates_verdicts_only_when_one_threshold_does():
 FMT = {"open": "[", "close": "]"}
 
 
+@pytest.mark.quick
 def test_common_format_is_scored_apart_from_the_task():
     assert T.wrap("42", FMT) == "[42]" and T.formatted("[42]", FMT)
     for bad in ("42", "[42", "42]", "[]"[:1], "]42["):

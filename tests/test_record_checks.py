@@ -22,6 +22,8 @@ from safetensors.torch import save_file
 from mergekit_ram import record_checks
 from mergekit_ram.record_checks import NotVerifiable, Unreadable
 
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
+
 HASH = "ab" * 32
 
 
@@ -262,6 +264,29 @@ def test_local_copies_name_recorded_inputs_only(tmp_path):
         record_checks.local_copies(report, {"Q": str(tmp_path)})
 
 
+def test_input_pairs_split_after_a_recorded_name_holding_an_equals_sign(tmp_path):
+    """A sweep's folder (Hydra: `runs/lr=1e-5,seed=1/agent`) is a recorded name with `=` in it (issue 39, case 6)."""
+    sweep = "runs/lr=1e-5,seed=1/agent"
+    report = recorded_report()
+    report["agents"][0]["model"] = sweep
+    copy_ = tmp_path / "a=copy"
+    assert record_checks.input_pairs(report, [f"{sweep}={copy_}"]) == {sweep: str(copy_)}
+    assert record_checks.input_pairs(report, [f"B={copy_}"]) == {"B": str(copy_)}  # split at the first = otherwise
+    with pytest.raises(NotVerifiable, match="records no input runs/lr"):
+        record_checks.input_pairs(report, [f"runs/lr=1e-5,seed=2/agent={copy_}"])
+    with pytest.raises(NotVerifiable, match="expected RECORDED=LOCAL"):
+        record_checks.input_pairs(report, ["no-equals-sign"])
+
+
+def test_input_pairs_refuse_one_input_mapped_twice(tmp_path):
+    report = recorded_report()
+    with pytest.raises(NotVerifiable, match=f"--input maps A twice \\({tmp_path}/x and {tmp_path}/y\\)"):
+        record_checks.input_pairs(report, [f"A={tmp_path}/x", f"A={tmp_path}/y"])
+    report["agents"][1]["model"] = "A=b"  # "A=b=c" could be either input
+    with pytest.raises(NotVerifiable, match="begins with two recorded inputs, A and A=b"):
+        record_checks.input_pairs(report, ["A=b=c"])
+
+
 def test_a_copy_is_checked_by_its_content_not_where_it_came_from():
     recorded = {"content_id": HASH, "revision": "r1"}
     assert record_checks.check_identity("A", "agent", recorded, {"content_id": HASH}, copy="/local/A").status == "same"
@@ -302,7 +327,7 @@ def test_folder_checks_refuse_special_files_links_out_and_depth(tmp_path):
     with pytest.raises(Unreadable, match="larger than"):
         folder_checks.read_bytes(str(tmp_path), "big.json", limit=2048)
     with pytest.raises(Unreadable, match="fifo.json is a FIFO"):
-        folder_checks.check_entries(str(tmp_path))
+        folder_checks.check_files(str(tmp_path), {})
 
 
 def test_hub_snapshot_links_into_blobs_are_read(tmp_path):
@@ -318,41 +343,49 @@ def test_hub_snapshot_links_into_blobs_are_read(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "present, mergekit, transformers",
+    "present, mergekit, transformers, pickles",
     [
-        (["model.safetensors"], "model.safetensors", "model.safetensors"),
-        (["model.safetensors.index.json"], "model.safetensors.index.json", "model.safetensors.index.json"),
-        (["model.safetensors", "model.safetensors.index.json"], "model.safetensors.index.json", "model.safetensors"),
-        (["pytorch_model.bin", "pytorch_model.bin.index.json"], "pytorch_model.bin.index.json", "pytorch_model.bin"),
-        (["pytorch_model.bin", "model.safetensors"], "model.safetensors", "model.safetensors"),
+        (["model.safetensors"], "model.safetensors", "model.safetensors", None),
+        (["model.safetensors.index.json"], "model.safetensors.index.json", "model.safetensors.index.json", None),
+        (["model.safetensors", "model.safetensors.index.json"], "model.safetensors.index.json", "model.safetensors",
+         None),
+        (["pytorch_model.bin", "pytorch_model.bin.index.json"], "pytorch_model.bin.index.json", "pytorch_model.bin",
+         "pytorch_model.bin"),
+        (["pytorch_model.bin", "model.safetensors"], "model.safetensors", "model.safetensors", "pytorch_model.bin"),
+        (["pytorch_model.bin.index.json", "model.safetensors"], "model.safetensors", "model.safetensors",
+         "pytorch_model.bin.index.json"),
     ],
-)
-def test_which_weight_files_each_loader_reads(tmp_path, present, mergekit, transformers):
+)  # fmt: skip
+def test_which_weight_files_each_loader_reads(tmp_path, present, mergekit, transformers, pickles):
+    """mergekit's from_disk, transformers' from_pretrained, and from_pretrained with use_safetensors=False."""
     from mergekit_ram import folder_checks
 
     for name in present:
         (tmp_path / name).write_text("{}", encoding="utf-8")
-    assert folder_checks.loader_choices(str(tmp_path)) == {"mergekit": mergekit, "transformers": transformers}
+    expected = {"mergekit": mergekit, "transformers": transformers}
+    if pickles:
+        expected[folder_checks.PICKLES] = pickles
+    assert folder_checks.loader_choices(str(tmp_path)) == expected
 
 
 def test_report_differences_name_each_leaf_but_versions_and_identities():
-    from mergekit_ram import folder_checks
+    from mergekit_ram import published_checks
 
     was = recorded_report()
     now = copy.deepcopy(was)
     now["agents"][0]["rho"] = 0.3
     now["versions"] = {"mergekit": "9"}
     now["agents"][0]["identity"] = {}
-    assert folder_checks.report_differences(was, now) == ["agents[0].rho: ram_stats.json records 0.25, recomputed 0.3"]
+    assert published_checks.report_differences(was, now) == ["agents[0].rho: ram_stats.json records 0.25, recomputed 0.3"]
 
 
 def test_report_differences_take_diagnostic_sums_to_their_rounding_and_all_else_exactly():
     """Another kernel, device or thread count adds a diagnostic's float64 sum in another order: its last bits may
     differ (verify on a machine without the compiled kernel did report an honest float32 merge as differing). Such
     a sum is the same within SUM_TOLERANCE of its scale; a larger change, and any count or rho, is a difference."""
-    from mergekit_ram import folder_checks
+    from mergekit_ram import published_checks
 
-    tol = folder_checks.SUM_TOLERANCE
+    tol = published_checks.SUM_TOLERANCE
     was = {
         "agents": [{"magnitude_unique": 2.0, "magnitude_shared": 4.0, "magnitude_unique_share": 1 / 3, "rho": 0.25,
                     "active": 7}],
@@ -365,12 +398,12 @@ def test_report_differences_take_diagnostic_sums_to_their_rounding_and_all_else_
     rounding["pairs"][0]["cosine"] = 1e-4 - tol / 2
     rounding["tensors"][0]["diagnostics"]["magnitude"]["a"] = [2.0 + tol, 4.0 - 2 * tol]
     rounding["tensors"][0]["diagnostics"]["pairs"][0][4:] = [1e-6 + 5 * tol, 4.0 + 2 * tol, 9.0 - 4 * tol]
-    assert folder_checks.report_differences(was, rounding) == []
+    assert published_checks.report_differences(was, rounding) == []
 
     def changed(edit) -> list[str]:
         now = copy.deepcopy(was)
         edit(now)
-        return folder_checks.report_differences(was, now)
+        return published_checks.report_differences(was, now)
 
     pair = "tensors[0].diagnostics.pairs[0]"
     assert [line.split(":")[0] for line in changed(lambda r: r["tensors"][0]["diagnostics"]["pairs"][0].__setitem__(

@@ -28,6 +28,7 @@ from helpers import closed_form, config_text, inputs_of, no_weights_written, num
 import reference as R
 
 LOGGER = "mergekit_ram"
+@pytest.mark.quick
 def test_ram_stats_json_schema_and_closed_form(merged, qwen_bf16):
     run = merged(config_text(qwen_bf16, "ABC"))
     text = (run.out / "ram_stats.json").read_text(encoding="utf-8")
@@ -167,6 +168,7 @@ def card_table(body: str, header: str):
     return rows
 
 
+@pytest.mark.quick
 def test_model_card_keeps_mergekit_content_and_adds_statistics(merged, qwen_bf16):
     run = merged(config_text(qwen_bf16, "ABC"))
     meta, body = split_card((run.out / "README.md").read_text(encoding="utf-8"))
@@ -383,6 +385,7 @@ def test_misspelled_top_level_parameter_fails_before_reading(run_yaml, qwen_bf16
         ("", {"A": "alpha: 1"}, "shared by all models"),
     ],
 )
+@pytest.mark.quick
 def test_misspelled_or_misplaced_parameters(qwen_bf16, parameters, model_parameters, wanted):
     with pytest.raises(ValueError, match=re.escape(wanted)) as info:
         _check(config_text(qwen_bf16, "AB", parameters=parameters, model_parameters=model_parameters))
@@ -426,6 +429,7 @@ def _report_with(rows, **parameters) -> dict:
     }
 
 
+@pytest.mark.quick
 def test_relabel_returns_a_copy_with_lambda_for_other_parameters():
     from mergekit_ram import report
 
@@ -500,6 +504,7 @@ def test_card_for_a_hub_reader(merged, qwen_bf16):
             assert f"at commit `{source['commit']}`" in section
 
 
+@pytest.mark.quick
 def test_card_front_matter_names_hub_ids_and_the_method():
     from mergekit_ram import report
 

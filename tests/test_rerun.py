@@ -10,6 +10,8 @@ import torch
 
 from mergekit_ram._mergekit import rerun
 
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
+
 
 def compare_task(optional: bool = False, dtype: str | None = None) -> rerun.CompareTensor:
     upstream = rerun.PublishedTensor(folder="/nowhere", name="merged")  # any task: execute is called directly

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
 import yaml
 
 from helpers import config_text
 from mergekit_ram import session
+
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 
 
 def test_current_is_per_thread_and_restored():

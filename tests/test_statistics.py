@@ -124,6 +124,7 @@ def _in_native_order(base: torch.Tensor, agents: list[torch.Tensor], eps: float,
     return magnitude, pair
 
 
+@pytest.mark.quick
 def test_native_sums_keep_their_documented_order():
     """`verify` compares ram_stats.json's diagnostics with a recount bit for bit: the native loops must add in
     the one order `_native.c` documents (float32 inputs, where another order gives other bits; a tail in
@@ -169,6 +170,7 @@ def test_native_sums_are_the_same_bits_for_any_thread_count():
         assert torch.equal(other.pair_sums.view(torch.int64), found[0].pair_sums.view(torch.int64))
 
 
+@pytest.mark.quick
 def test_non_finite_input_is_named():
     base, agents = _case(torch.bfloat16, 2, numel=1000)
     agents[1][5] = float("nan")
@@ -224,6 +226,7 @@ def test_rounding_noise_reads_as_noise():
         assert abs(p.cosine) < 0.05
 
 
+@pytest.mark.quick
 def test_totals_and_pairs_sum_over_tensors_and_round_trip_json():
     base, agents = _case(torch.float16, 3, seed=2, common=0.05)
     stats = _stats(base, agents)
@@ -238,6 +241,7 @@ def test_totals_and_pairs_sum_over_tensors_and_round_trip_json():
     assert again.totals() == totals and again.pair_totals() == stats.pair_totals()
 
 
+@pytest.mark.quick
 def test_counts_without_diagnostics_report_none():
     stats = statistics.Statistics(["a", "b"], [statistics.TensorCounts("t", 10, {"a": (2, 1, 1), "b": (1, 0, 1)})])
     assert stats.totals()["a"].single is None and stats.totals()["a"].magnitude_unique_share is None

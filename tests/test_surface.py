@@ -8,6 +8,8 @@ import pytest
 
 from mergekit_ram._mergekit import surface
 
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
+
 
 def test_installed_mergekit_has_every_name():
     assert surface.problems() == []

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from mergekit_ram import tables
 from mergekit_ram.statistics import AgentStats
+
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 
 
 def test_format_table_columns_and_values():

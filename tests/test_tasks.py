@@ -19,6 +19,8 @@ from mergekit_ram._mergekit import surface, tasks
 from mergekit_ram.method import resolves_to_ours
 from mergekit_ram.params import DEFAULTS
 
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
+
 
 @pytest.fixture
 def planned(qwen_bf16):

@@ -128,7 +128,7 @@ def test_verify_passes_on_merges_it_did_not_make(request, run_yaml, capsys, case
 def test_verify_without_the_compiled_kernel_passes_a_float32_merge(run_yaml, capsys, qwen_fp32, monkeypatch):
     """A stranger's verify builds no kernel and counts with the torch one, whose float64 sums add in another order
     than the compiled loops that counted the merge: the diagnostics' last bits differ (checked below), and verify
-    takes them to their rounding (`folder_checks.SUM_TOLERANCE`) instead of calling an honest merge different."""
+    takes them to their rounding (`published_checks.SUM_TOLERANCE`) instead of calling an honest merge different."""
     from mergekit_ram import kernel, native
 
     if native.library() is None:
@@ -171,6 +171,7 @@ def test_merge_record_names_the_options_that_change_the_merge(merged, qwen_bf16)
     }
 
 
+@pytest.mark.quick
 def test_card_names_verify(merged, qwen_bf16):
     card = (merged(config_text(qwen_bf16, ["A", "B"])).out / "README.md").read_text(encoding="utf-8")
     assert "check this folder against its inputs with `mergekit-ram verify <folder>`" in card
@@ -197,6 +198,7 @@ def abc(tmp_path_factory, qwen_bf16):
     return out
 
 
+@pytest.mark.quick
 def test_one_ulp_in_one_tensor_is_named(abc, tmp_path, capsys):
     """Also after a verify of the same folder in the same process (mergekit's loaders are not reused stale)."""
     out = copy_of(abc, tmp_path)
@@ -297,6 +299,7 @@ def test_swapped_input_is_named_and_nothing_is_recomputed(qwen_bf16, run_yaml, t
     ],
     ids=["r", "rho_scope", "alpha-added"],
 )
+@pytest.mark.quick
 def test_edited_parameter_is_named_and_nothing_is_recomputed(qwen_bf16, run_yaml, tmp_path, capsys, monkeypatch, edit, named):
     from mergekit_ram import kernel
 
@@ -361,6 +364,7 @@ def test_rho_comes_from_the_cache_when_it_holds_the_counts(qwen_bf16, run_yaml, 
 # ---------------------------------------------------------------- --json
 
 
+@pytest.mark.quick
 def test_json_schema(abc, tmp_path, capsys):
     code, text, err = verify(abc, capsys, "--json")
     assert code == 0, err

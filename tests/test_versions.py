@@ -2,7 +2,11 @@
 
 from importlib import metadata
 
+import pytest
+
 from mergekit_ram import versions
+
+pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 
 
 def test_installed_versions_are_the_metadata():

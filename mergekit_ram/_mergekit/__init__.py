@@ -18,6 +18,8 @@ subpackage hooks in from outside:
   rho written back into them;
 - `counting`: the statistics pass on mergekit's executors, and its cache;
 - `inspection`: `mergekit-ram inspect`, downhill: mergekit's own planning, then `pipeline`;
+- `options`: mergekit's merge options, declared for `inspect` and `verify` without importing
+  mergekit (their help answers at once);
 - `loading`: linear-time tensor loading during `ramplus` merges and `inspect`
   (`LazyTensorLoader.get_tensor`, `LoadTensor._load_converted_tensor`).
 

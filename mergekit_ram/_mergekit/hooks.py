@@ -184,7 +184,8 @@ def round_once(merge_method: Any) -> None:
 def one_line_errors() -> None:
     """mergekit's commands catch no error, so Python prints a traceback for ours, its useful sentence last:
     `sys.excepthook` prints a `RamError` as one line instead (`errors.excepthook`; `-v` or
-    `MERGEKIT_RAM_TRACEBACK=1` shows the traceback). Every other exception goes to the hook that was there."""
+    `MERGEKIT_RAM_TRACEBACK=1` shows the traceback). Every other exception, one raised from a RamError
+    included, goes to the hook that was there, and every exception does when that hook is a program's own."""
     import sys
 
     surface.wrap(sys, "excepthook", errors.excepthook, surface.HOOKED)

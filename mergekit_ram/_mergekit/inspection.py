@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mergekit_ram import config_checks, input_checks
+from mergekit_ram import config_checks
 from mergekit_ram._mergekit import loading, pipeline, surface, tasks
 from mergekit_ram._mergekit.flat import check_inputs, merge_session, of_flat, planning
 from mergekit_ram._mergekit.planner import plan
@@ -104,8 +104,8 @@ def _flat(config: Any) -> bool:
 
 
 def _count(current: MergeSession, options: Any) -> None:
-    """Check the input files, plan with mergekit, count (`pipeline.prepare`)."""
-    input_checks.check_input_files(current.config)
+    """Check the input models and files, plan with mergekit, count (`pipeline.prepare`)."""
+    pipeline.check_inputs(current.config, options, card=False)
     pipeline.prepare(tasks.of_planner(plan(current.config, options)), current)
 
 

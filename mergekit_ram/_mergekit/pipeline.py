@@ -48,8 +48,10 @@ def check_config(current: session.MergeSession) -> None:
         current.config_checked = True
 
 
-def check_inputs(config: Any, *, card: bool) -> None:
-    """Input files before mergekit opens them; a config mergekit can write into the card (`card`)."""
+def check_inputs(config: Any, options: Any, *, card: bool) -> None:
+    """Input models there (a folder, or a hub id the hub knows) and their files, before mergekit opens them; a
+    config mergekit can write into the card (`card`)."""
+    input_checks.check_input_paths(config, getattr(options, "transformers_cache", None))
     if card:
         output_checks.check_config_serialisable(config)
     input_checks.check_input_files(config)
@@ -134,7 +136,7 @@ def merge(run_merge: Callable[..., Any], merge_config: Any, *args: Any, **kwargs
     current = merge_session(merge_config, options, in_run_merge=True, fast_loading=True)
     with session.active(current):
         config_checks.check_devices(options)
-        check_inputs(merge_config, card=config_source is None and getattr(options, "write_model_card", False))
+        check_inputs(merge_config, options, card=config_source is None and getattr(options, "write_model_card", False))
         loading.install()  # linear-time tensor loading, for this merge only (fast_loading)
         try:
             before = output_checks.weight_files(out_path)

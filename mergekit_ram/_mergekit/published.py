@@ -1,10 +1,13 @@
 """`mergekit-ram verify`, last step: the files of the folder beside the weights, once the merge has run again.
 
-What a loader reads is checked, or named as unchecked: `ram_stats.json`'s statistics and the card's RAM+
-section against the recomputed report; `config.json` against the config mergekit writes for the planned
-merge (`_model_out_config`, as the planner holds it); the tokenizer, chat template and generation config files
-against the base's when mergekit copies them byte for byte; the weight files transformers loads when they
-are not those mergekit reads (a single file beside an index). The judging is `folder_checks`', on plain data.
+Every file a loader reads is checked, or makes the verdict "differs": `ram_stats.json`'s statistics and the
+card's RAM+ section against the recomputed report; `config.json` against the config mergekit writes for the
+planned merge (`_model_out_config`, as the planner holds it); the tokenizer, chat template and generation
+config files against the base's when mergekit copies them byte for byte; the weight files another loader
+reads when they are not those mergekit reads (a single file beside an index, pickles beside safetensors). A
+file a loader reads that the merge does not write (a PEFT adapter, code, a tokenizer file the base lacks) is
+a difference. "Not checked" names only the files no loader reads, and a tokenizer the merge built (not
+copied), which verify does not build again. The judging is `folder_checks`' and `published_checks`', on plain data.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 import os
 from typing import Any
 
-from mergekit_ram import folder_checks, output_checks, record_checks, report, verdict, versions
+from mergekit_ram import folder_checks, output_checks, published_checks, record_checks, report, verdict, versions
 
 #: files verify reads to plan and compare (checked on their own)
 RECORDS = (output_checks.STATS_FILE, record_checks.CONFIG_FILE)
@@ -30,10 +33,12 @@ def check(
     out_config: Any = None,
     merge_config: Any = None,
     donor: str | None = None,
+    code: bool = False,
 ) -> None:
     """The folder's files other than the weights (`recomputed`: the report of the merge run again, labelled as
-    recorded; `out_config`: the config mergekit writes, None for mergekit-pytorch, which writes none; `donor`:
-    the local folder mergekit copies the tokenizer from)."""
+    recorded; `out_config`: the config mergekit writes, None for mergekit-pytorch, which writes none (nor a
+    card, nor a tokenizer); `donor`: the local folder mergekit copies the tokenizer and the config from; `code`:
+    the merge ran with trust_remote_code, so its config carries the donor's code beside it)."""
     covered = set(RECORDS)
     choices = folder_checks.loader_choices(folder)
     outcome.checked.append("the planned parameters and rho against ram_stats.json")
@@ -42,27 +47,59 @@ def check(
     )
     for choice in choices.values():
         covered |= {choice, *folder_checks.weight_files(folder, choice)}
-    found, seen = folder_checks.other_view_differences(folder, choices)
+    found, seen = published_checks.other_view_differences(folder, choices)
     outcome.files += found
-    if seen and not found:
-        outcome.checked.append(f"{seen} (the same tensors)")
+    outcome.checked += [f"{line} (the same tensors)" for line in seen]
     _statistics(folder, recorded, recomputed, outcome)
+    present = folder_checks.beside(folder)
+    covered |= set(present)
+    adapter = [name for name in present if name in folder_checks.ADAPTER]
+    if adapter:
+        outcome.files.append(
+            f"{', '.join(adapter)}: a PEFT adapter, which transformers' from_pretrained applies over the weights "
+            "whenever peft is installed (mergekit installs it); a merge writes none"
+        )
     if out_config is not None:
-        covered.add("config.json")
         _config(folder, out_config, merge_config, outcome)
-    covered |= _copied(folder, merge_config, donor, outcome)
-    if out_config is not None:
         covered.add("README.md")
         _card(folder, recorded, outcome)
-    rest = sorted(name for name in os.listdir(folder) if name not in covered)
+    elif "config.json" in present:
+        outcome.files.append(f"config.json: {NOT_WRITTEN} (mergekit-pytorch writes none)")
+    _copied(folder, [name for name in present if name not in adapter and name != "config.json"], merge_config,
+            donor, outcome)  # fmt: skip
+    rest = [name for name in folder_checks.files_under(folder) if name not in covered]
+    _code(folder, [name for name in rest if folder_checks.is_code(name)], donor if code else None, outcome)
+    rest = [name for name in rest if not folder_checks.is_code(name)]
     if rest:
-        outcome.not_checked.append(
-            f"{', '.join(rest)} (no loader reads them as part of the merge, or no check covers them)"
+        outcome.not_checked.append(f"{_listed(rest, 10)} (no loader reads them as part of the model)")
+
+
+def _listed(names: list[str], limit: int) -> str:
+    """The first `limit` of `names`, and how many more."""
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _code(folder: str, found: list[str], donor: str | None, outcome: verdict.Outcome) -> None:
+    """Python files: code transformers runs with trust_remote_code. A merge run with it writes the donor's config
+    module beside its config (transformers' `save_pretrained`): a copy of the donor's (`donor`) is checked; any
+    other is not the merge's."""
+    same = published_checks.copied_files(folder, donor, found)[0] if donor else []
+    if same:
+        outcome.checked.append(f"{', '.join(same)} (copies of {donor}'s code, as the merge writes with its config)")
+    other = [name for name in found if name not in same]
+    if other:
+        outcome.files.append(
+            f"{_listed(other, 3)}: Python code, which transformers runs with trust_remote_code (a config's auto_map, "
+            "custom_generate/); the merge writes no such file"
         )
 
 
+#: what verify says of a file a loader reads that the merge does not write
+NOT_WRITTEN = "a loader reads it, and the merge writes none"
+
+
 def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: verdict.Outcome) -> None:
-    found = folder_checks.report_differences(recorded, json.loads(report.dumps(recomputed)))
+    found = published_checks.report_differences(recorded, json.loads(report.dumps(recomputed)))
     was = (recorded.get("versions") or {}).get("mergekit-ram") if isinstance(recorded.get("versions"), dict) else None
     now = versions.installed("mergekit-ram")
     if was and was != now:  # another mergekit-ram writes other keys: only a value that differs is a difference
@@ -77,12 +114,13 @@ def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: verdict.
     if not found:
         outcome.checked.append(
             "ram_stats.json's statistics (recomputed: counts, densities, rho, lambda, diagnostics; their float sums "
-            f"to {folder_checks.SUM_TOLERANCE:g} of their size, as kernels add in other orders)"
+            f"to {published_checks.SUM_TOLERANCE:g} of their size, as kernels add in other orders)"
         )
 
 
 def _card(folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
-    """The card's RAM+ section is the one a merge of this report writes."""
+    """The card holds exactly one RAM+ section, outside comments, code and HTML, the one a merge of this report
+    writes (`published_checks.card_problem`)."""
     if not os.path.lexists(os.path.join(folder, "README.md")):
         outcome.not_checked.append("the model card (no README.md)")
         return
@@ -92,12 +130,11 @@ def _card(folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
     except (KeyError, TypeError, ValueError, AttributeError):
         outcome.files.append("README.md: ram_stats.json cannot make its RAM+ section (its versions are damaged)")
         return
-    if section.strip() in text:
+    problem = published_checks.card_problem(text, section)
+    if problem is None:
         outcome.checked.append("the card's RAM+ section")
-    elif "## RAM+ statistics" in text:
-        outcome.files.append("README.md: its RAM+ statistics section is not the one this merge writes")
     else:
-        outcome.files.append("README.md: it has no RAM+ statistics section, which the merge writes")
+        outcome.files.append(f"README.md: {problem}")
 
 
 def _config(folder: str, out_config: Any, merge_config: Any, outcome: verdict.Outcome) -> None:
@@ -127,8 +164,8 @@ def _config(folder: str, out_config: Any, merge_config: Any, outcome: verdict.Ou
     for key in unchecked:
         found.pop(key, None)
         expected.pop(key, None)
-    differ = folder_checks.config_differences(found, expected)
-    written = folder_checks.config_differences(
+    differ = published_checks.config_differences(found, expected)
+    written = published_checks.config_differences(
         {k: v for k, v in raw.items() if k not in unchecked}, expected, only=True
     )
     said = {line.split(" is ")[0] for line in differ}
@@ -148,15 +185,17 @@ def _plain(value: dict) -> dict:
     return json.loads(json.dumps(value, default=str))
 
 
-def _copied(folder: str, merge_config: Any, donor: str | None, outcome: verdict.Outcome) -> set[str]:
-    """Tokenizer, chat template and generation config files: against the base's when mergekit copies them byte
-    for byte (`_copy_tokenizer`), else named as unchecked. Returns the files checked."""
-    present = [name for name in folder_checks.COPIED if os.path.lexists(os.path.join(folder, name))]
+def _copied(folder: str, present: list[str], merge_config: Any, donor: str | None, outcome: verdict.Outcome) -> None:
+    """Tokenizer, chat template and generation config files (`present`): against the base's when mergekit copies
+    them byte for byte (`_copy_tokenizer`: a file the base lacks, or a named chat template, is not the merge's);
+    else the tokenizer the merge built is named as unchecked, and a generation config is not the merge's."""
     if not present:
-        return set()
+        return
+    if merge_config is None:
+        outcome.files.append(f"{', '.join(present)}: {NOT_WRITTEN} (mergekit-pytorch writes none)")
+        return
     copies = (
         donor is not None
-        and merge_config is not None
         and not merge_config.chat_template
         and not merge_config.tokenizer_source
         and not merge_config.tokenizer
@@ -164,14 +203,23 @@ def _copied(folder: str, merge_config: Any, donor: str | None, outcome: verdict.
         and any(os.path.isfile(os.path.join(donor, n)) for n in ("tokenizer.json", "tokenizer.model"))
     )
     if not copies:
-        outcome.not_checked.append(f"{', '.join(present)} (the merge does not copy them from an input byte for byte)")
-        return set(present)
+        generation = [name for name in present if name == "generation_config.json"]
+        outcome.files += [
+            f"{name}: {NOT_WRITTEN} (it copies one only with the base's tokenizer)" for name in generation
+        ]
+        built = [name for name in present if name not in generation]
+        if built:
+            outcome.not_checked.append(
+                f"{', '.join(built)} (the merge builds the tokenizer; verify does not build it again)"
+            )
+        return
     assert donor is not None
-    same, differ = folder_checks.copied_files(folder, donor)
+    same, differ = published_checks.copied_files(folder, donor)
     outcome.files += [f"{name}: not the base's ({donor}), which the merge copies" for name in differ]
     if same:
         outcome.checked.append(f"{', '.join(same)} (copies of the base's)")
-    rest = [name for name in present if name not in same and name not in differ]
-    if rest:
-        outcome.not_checked.append(f"{', '.join(rest)} (the base has none: not written by the merge)")
-    return set(present)
+    outcome.files += [
+        f"{name}: {NOT_WRITTEN} (it copies the base's tokenizer files, and {donor} has no {name})"
+        if name in folder_checks.COPIED else f"{name}: {NOT_WRITTEN} (it copies no named chat template)"
+        for name in present if name not in same and name not in differ
+    ]  # fmt: skip

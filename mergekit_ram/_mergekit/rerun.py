@@ -14,7 +14,7 @@ from typing import Any
 from mergekit.graph import Task
 
 from mergekit_ram import bitwise, record_checks, verdict
-from mergekit_ram.errors import InputError
+from mergekit_ram.errors import InputError, NonFiniteResultError
 
 
 class PublishedTensor(Task[Any]):
@@ -111,6 +111,11 @@ def run(
             if isinstance(value, bitwise.Difference):
                 planned.add(value.name)
                 outcome.add(value)
+    except NonFiniteResultError as error:  # the merge stops there, writing nothing: the folder holds what it refuses
+        name = error.tensor or "?"
+        outcome.add(bitwise.Difference(name, "not finite", detail=f"{error} (verify stopped here, as the merge does)"))
+        outcome.merged = True
+        return
     except (OSError, RuntimeError, ValueError, KeyError) as error:  # what stops a merge stops its recomputation
         message = " ".join(str(error).split()) or type(error).__name__
         raise InputError(f"recomputing the merge failed: {message}") from error

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mergekit_ram import versions
+from mergekit_ram._mergekit.options import FIELDS
 from mergekit_ram.errors import IncompatibleMergekit as IncompatibleMergekit
 
 SUPPORTED = (0, 1, 5), (0, 2, 0)
@@ -132,6 +133,7 @@ NAMES: tuple[Name, ...] = (
     ),
     Name("mergekit.config", "MergeConfiguration", PUBLIC),
     *_objects("mergekit.options", "MergeOptions add_merge_options", PUBLIC),
+    *_fields("MergeOptions", "mergekit.options", " ".join(FIELDS), PUBLIC),  # the flags of inspect and verify
 )
 
 

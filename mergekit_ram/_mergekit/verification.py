@@ -28,7 +28,7 @@ Nothing is written: not into the folder or an input, not into the statistics cac
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from mergekit_ram import (
@@ -50,13 +50,13 @@ from mergekit_ram.session import active
 
 
 def verify(
-    folder: str, options: Any, *, trust_remote_code: bool = False, inputs: Mapping[str, str] | None = None
+    folder: str, options: Any, *, trust_remote_code: bool = False, inputs: Sequence[str] = ()
 ) -> verdict.Outcome:
     """Recompute the `ramplus` merge in `folder` and compare it tensor by tensor with what the folder holds.
 
     `trust_remote_code`: the user's own flag (a recorded one is evidence, never applied without it); `inputs`:
-    recorded input -> a local copy to read instead (`--input`). errors.NotVerifiable: a usage error (no
-    such folder, no ram_stats.json, another method's folder, an `inputs` key the record lacks).
+    `--input` values, "RECORDED=LOCAL": a recorded input read from a local copy. errors.NotVerifiable: a usage
+    error (no such folder, no ram_stats.json, another method's folder, an input the record lacks or mapped twice).
     errors.Unreadable: ram_stats.json cannot be read. Otherwise the outcome: identical, differing (named),
     or not checkable (why: an input missing or changed, a refused option or file, a file unreadable).
     """
@@ -73,23 +73,26 @@ def verify(
     problems = surface.problems(surface.PREPASS) + surface.problems(door) + surface.problems(surface.VERIFY)
     if problems:
         raise errors.NotVerifiable("mergekit-ram cannot verify: " + "; ".join(problems))
-    copies = record_checks.local_copies(recorded, inputs or {})
+    copies = record_checks.input_pairs(recorded, inputs)
     outcome.entry_point = record.get("entry_point")
     installed = {n: versions.installed(n) for n in report.VERSIONED}
     outcome.notes += record_checks.version_notes(recorded, installed, report.installed_from())
     with cachedir.read_only():  # nothing written: no statistics cache entry, no kernel build
         try:
             _verify(folder, recorded, record, options, trust_remote_code, copies, outcome)
-        except (errors.Unreadable, InputError) as error:
+        except (errors.Unreadable, InputError, OSError) as error:
             outcome.error = " ".join(str(error).split()) or type(error).__name__
+        except MemoryError as error:  # an address-space limit (ulimit -v) below what mapping a file needs
+            outcome.error = f"out of memory while checking {folder} ({' '.join(str(error).split()) or 'MemoryError'})"
     return outcome
 
 
 def _verify(
     folder: str, recorded: dict, record: dict, options: Any, trust: bool, copies: dict[str, str], outcome: Any
 ) -> None:
-    folder_checks.check_entries(folder)  # no FIFO, device or link out of the folder is ever opened
-    pickled = folder_checks.pickles(folder, folder_checks.loader_choices(folder))
+    choices = folder_checks.loader_choices(folder)
+    folder_checks.check_files(folder, choices)  # no FIFO, device or link out of the folder is ever opened
+    pickled = folder_checks.pickles(folder, choices)
     if pickled and record_checks.forced_unsafe():
         outcome.cannot_check.append(
             f"{pickled[0]} is a pickle and {input_checks.FORCE_UNSAFE} is set: mergekit's loader would unpickle it "
@@ -178,6 +181,7 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
         out_config=planner.out_model_config,
         merge_config=config,
         donor=LoaderCache().get(donor).index.base_path if donor.lora is None else None,
+        code=bool(options.trust_remote_code),
     )
 
 

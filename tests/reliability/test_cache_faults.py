@@ -108,6 +108,7 @@ def test_edited_entry(rel, qwen_bf16, run_yaml, cache_dir, caplog, how):
     rel.matches_reference(run.tensors, *inputs(qwen_bf16.path("base"), agents))
 
 
+@pytest.mark.quick
 def test_full_disk_while_writing_an_entry(rel, qwen_bf16, run_yaml, cache_dir, caplog, monkeypatch):
     rel.fault()
     rel.watch(*qwen_bf16.paths.values())
@@ -124,6 +125,7 @@ def test_full_disk_while_writing_an_entry(rel, qwen_bf16, run_yaml, cache_dir, c
     rel.matches_reference(run.tensors, *inputs(qwen_bf16.path("base"), agents))
 
 
+@pytest.mark.quick
 def test_cache_folder_is_a_dangling_symlink(rel, qwen_bf16, run_yaml, tmp_path, monkeypatch, caplog):
     link = tmp_path / "cache-link"
     link.symlink_to(tmp_path / "nowhere" / "cache")

@@ -25,7 +25,7 @@ from pathlib import Path
 import models
 import pytest
 import torch
-from helpers import config_yaml, copy_models, finished, inputs, no_weights
+from helpers import config_yaml, console_script, copy_models, finished, inputs, no_weights
 
 
 def _header(path: Path):
@@ -106,6 +106,7 @@ def _safetensors_reason(path: Path) -> str:
     return str(info.value).removeprefix("Error while deserializing header: ")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("how", list(DAMAGE))
 @pytest.mark.parametrize("who", ["agent", "base"])
 def test_damaged_safetensors_is_named(rel, qwen_bf16, run_yaml, tmp_path, how, who):
@@ -124,6 +125,7 @@ def test_damaged_safetensors_is_named(rel, qwen_bf16, run_yaml, tmp_path, how, w
     no_weights(tmp_path / "o")
 
 
+@pytest.mark.quick
 def test_index_naming_a_missing_shard(rel, qwen_bf16, make_model, run_yaml, tmp_path):
     sharded = make_model("A-2-shards", qwen_bf16.family.agents["A"], shards=2)
     (copy,) = copy_models({"A": sharded}, tmp_path / "m").values()
@@ -178,9 +180,11 @@ def test_read_only_inputs_merge(rel, read_only, run_yaml):
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o555 for p in read_only.values())
 
 
+@pytest.mark.quick
 def test_output_folder_holding_an_earlier_merge(rel, qwen_bf16, run_yaml, tmp_path, caplog):
-    """A rerun into a finished merge's folder (another r) replaces it; its ram_stats.json is
-    removed first, so an interrupted rerun could not pass for finished."""
+    """A rerun into a finished merge's folder (another r) replaces it, naming what it replaces in one warning (an r
+    sweep into one folder lost its results without a word); its ram_stats.json is removed first, so an
+    interrupted rerun could not pass for finished."""
     agents = [qwen_bf16.path("A"), qwen_bf16.path("B")]
     out = tmp_path / "o"
     rel.watch(*qwen_bf16.paths.values())
@@ -192,6 +196,10 @@ def test_output_folder_holding_an_earlier_merge(rel, qwen_bf16, run_yaml, tmp_pa
     assert any("already holds model.safetensors" in r.getMessage() for r in caplog.records)  # said, as INFO
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not [m for m in warned if "remov" in m], warned  # the rerun writes every file again: nothing removed
+    (replaced,) = [m for m in warned if "replaces" in m]  # one line: the earlier merge's r, alpha and inputs
+    assert "\n" not in replaced
+    rel.names(replaced, f"replaces the earlier ramplus merge in {out}", "r=0.1", "alpha=2.0",
+              f"base {qwen_bf16.path('base')}", f"agents {agents[0]}, {agents[1]}")  # fmt: skip
     assert json.loads((out / "ram_stats.json").read_text())["parameters"]["r"] == 0.3
     assert (out / "notes.txt").read_text() == "mine"
     finished(out)
@@ -288,3 +296,131 @@ def test_pickle_that_runs_code_is_never_unpickled(rel, qwen_bf16, run_yaml, tmp_
     rel.names(info, agent / "pytorch_model.bin", "system")
     assert not marker.exists(), "the pickle's code ran"
     no_weights(tmp_path / "o")
+
+
+# ---------------------------------------------------------------- a path that is not there, the wrong door (issue 43)
+# A mistyped model path was 65 lines and two tracebacks ending in huggingface_hub's "Repo id must be in the form
+# ..."; a mergekit-pytorch config given to mergekit-yaml 60 lines ending in "is not a valid JSON file". Now one line
+# naming the path (and the nearest existing one) or the door, from every door, before any weight is read.
+
+
+@pytest.fixture
+def workdir(qwen_bf16, tmp_path):
+    """work/base, work/agents/code, work/agents/tool (links to the tiny Qwen2 models), as a user lays them out."""
+    work = tmp_path / "work"
+    (work / "agents").mkdir(parents=True)
+    (work / "base").symlink_to(qwen_bf16.paths["base"], target_is_directory=True)
+    for name, who in (("code", "A"), ("tool", "B")):
+        (work / "agents" / name).symlink_to(qwen_bf16.paths[who], target_is_directory=True)
+    return work
+
+
+def _cli(name: str, *args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MERGEKIT_RAM_CACHE": "off", "MERGEKIT_RAM_NATIVE": "0", **(env or {})}
+    return subprocess.run([console_script(name), *map(str, args)], capture_output=True, text=True, timeout=600,
+                          cwd=cwd, env=env)  # fmt: skip
+
+
+def _one_line(rel, done: subprocess.CompletedProcess, *culprits) -> None:
+    """Cases 1 and 2 of issue 43: exit 1, at most 3 lines of output, no traceback, the culprits named."""
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 1 and len(lines) <= 3, done.stdout[-2000:] + done.stderr[-4000:]
+    rel.names(lines[-1], *culprits)
+
+
+def test_a_mistyped_model_path_is_one_line_through_mergekit_yaml(rel, qwen_bf16, workdir, tmp_path):
+    rel.watch(*qwen_bf16.paths.values())
+    config = tmp_path / "typo.yml"
+    config.write_text(config_yaml(workdir / "base", [workdir / "agents" / "code", workdir / "agents" / "tol"]))
+    done = _cli("mergekit-yaml", config, tmp_path / "out", cwd=tmp_path)
+    _one_line(rel, done, f"input model {workdir}/agents/tol: no such folder", f"did you mean {workdir}/agents/tool?")
+    no_weights(tmp_path / "out")
+
+
+# (path as written, working folder below `work`, the suggestion); a relative org/name is asked of the hub (offline:
+# of its cache) before it is called missing
+MISSING = {
+    "absolute": ("{work}/agnts/tool", ".", "did you mean {work}/agents/tool?"),
+    "./": ("./agents/tol", ".", "did you mean agents/tool?"),
+    "../": ("../agents/tol", "agents", "did you mean ../agents/tool?"),
+    "org/name, offline": ("agents/tol", ".", "neither a folder nor in the hub cache (HF_HUB_OFFLINE is set); did "
+                          "you mean agents/tool?"),  # fmt: skip
+}
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("form", list(MISSING))
+def test_a_missing_model_path_is_named_through_run_merge(rel, qwen_bf16, workdir, run_yaml, tmp_path, monkeypatch,
+                                                         form):  # fmt: skip
+    import huggingface_hub.constants
+
+    from mergekit_ram.errors import RamError
+
+    written, where, suggestion = (text.format(work=workdir) for text in MISSING[form])
+    monkeypatch.chdir(workdir / where)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # nothing leaves the machine
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    rel.watch(*qwen_bf16.paths.values())
+    with pytest.raises(RamError) as info:
+        run_yaml(config_yaml(workdir / "base", [workdir / "agents" / "code", written]), out=tmp_path / "out")
+    rel.names(info, f"input model {written}", suggestion)
+    no_weights(tmp_path / "out")
+
+
+def test_an_org_name_the_hub_does_not_know_is_named(rel, qwen_bf16, workdir, tmp_path):
+    """Online: the hub (tests/hub_stub.py, serving nothing) is asked once, and says it has no such model."""
+    from hub_stub import HubStub, hub_env
+
+    config = tmp_path / "typo.yml"
+    config.write_text(config_yaml(workdir / "base", [workdir / "agents" / "code", "agents/tol"]))
+    rel.watch(*qwen_bf16.paths.values())
+    with HubStub({}, lifetime=600) as stub:
+        done = _cli("mergekit-yaml", config, tmp_path / "out", cwd=workdir, env=hub_env(stub.url, tmp_path / "hf"))
+        asked = [(method, path.split("?")[0]) for method, path, _ in stub.requests]
+    _one_line(rel, done, "input model agents/tol is neither a folder nor a model on the hub", "agents/tool")
+    assert asked == [("GET", "/api/models/agents/tol")], asked
+    no_weights(tmp_path / "out")
+
+
+def test_a_missing_model_path_through_inspect_and_mergekit_multi(rel, qwen_bf16, workdir, tmp_path, capsys):
+    from mergekit_ram import cli
+
+    rel.watch(*qwen_bf16.paths.values())
+    missing = workdir / "agents" / "tol"
+    stage = config_yaml(workdir / "base", [workdir / "agents" / "code", missing])
+    config = tmp_path / "typo.yml"
+    config.write_text(stage)
+    capsys.readouterr()
+    assert cli.main(["inspect", str(config)]) == 1  # an input that cannot be read
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    rel.names(err, f"mergekit-ram inspect: error: input model {missing}: no such folder", "agents/tool")
+    recipe = tmp_path / "recipe.yml"
+    recipe.write_text(f"name: ram\n{stage}")
+    done = _cli("mergekit-multi", recipe, "--intermediate-dir", tmp_path / "inter", cwd=tmp_path)
+    _one_line(rel, done, f"input model {missing}: no such folder", f"did you mean {workdir}/agents/tool?")
+    no_weights(tmp_path / "inter" / "ram")
+
+
+def test_a_mergekit_pytorch_config_given_to_mergekit_yaml_names_the_door(rel, flat_mlp, tmp_path):
+    """Models that are files (.safetensors, .pt) are mergekit-pytorch's."""
+    from helpers import flat_config_text
+
+    config = tmp_path / "policies.yml"
+    config.write_text(flat_config_text(flat_mlp, ("A", "B"), fmt="pt"))
+    rel.watch(*{p.parent for files in flat_mlp.files.values() for p in files.values()})
+    done = _cli("mergekit-yaml", config, tmp_path / "out", cwd=tmp_path)
+    folder = Path(flat_mlp.path("base", "pt")).parent
+    _one_line(rel, done, f"input model {folder}{os.sep}", ".pt is a file, not a model folder", "use mergekit-pytorch")
+    no_weights(tmp_path / "out")
+
+
+def test_a_missing_input_file_of_mergekit_pytorch_names_the_nearest(rel, flat_mlp, tmp_path):
+    from helpers import flat_config_text
+
+    typo = flat_mlp.path("A").replace("A.safetensors", "A.safetensor")
+    config = tmp_path / "policies.yml"
+    config.write_text(flat_config_text(flat_mlp, ("A", "B"), paths={"A": typo}))
+    done = _cli("mergekit-pytorch", config, tmp_path / "out", cwd=tmp_path)
+    _one_line(rel, done, f"input file {typo} does not exist; did you mean {flat_mlp.path('A')}?")
+    no_weights(tmp_path / "out")

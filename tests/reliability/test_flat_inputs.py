@@ -89,6 +89,7 @@ def test_pickle_that_runs_code_is_refused(rel, flat_mlp, tmp_path, monkeypatch, 
 # ---------------------------------------------------------------- files mergekit would fail on
 
 
+@pytest.mark.quick
 def test_truncated_safetensors_is_named(rel, flat_mlp, tmp_path, monkeypatch):
     paths = _copy(flat_mlp, tmp_path / "in")
     data = Path(paths["C"]).read_bytes()
@@ -99,6 +100,7 @@ def test_truncated_safetensors_is_named(rel, flat_mlp, tmp_path, monkeypatch):
     rel.names(info, paths["C"], "truncated")
 
 
+@pytest.mark.quick
 def test_missing_file_and_folder_are_named(rel, flat_mlp, tmp_path, monkeypatch):
     forbid_count(monkeypatch)
     missing = str(tmp_path / "gone.safetensors")
@@ -255,6 +257,7 @@ def test_entry_that_is_not_a_tensor_is_named(rel, flat_mlp, tmp_path, monkeypatc
     rel.names(info, paths["A"], "'step', a int, not a tensor", "state_dict()")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("content", [b"hello, this is text\n", b""], ids=["text", "empty"])
 def test_file_that_is_no_checkpoint_is_named(rel, flat_mlp, tmp_path, monkeypatch, content):
     """A text file named `.pt` was "a pickle that holds more than tensors" with torch's advice appended."""

@@ -83,6 +83,7 @@ def test_fresh_build_is_private(rel, fresh):
 @pytest.mark.parametrize(
     "cc", ["/bin/false", "/nonexistent/cc", None], ids=["CC=/bin/false", "CC-missing", "no-compiler"]
 )
+@pytest.mark.quick
 def test_build_failure_falls_back(rel, fresh, monkeypatch, caplog, cc):
     rel.fault()
     cache = fresh()
@@ -99,6 +100,7 @@ def test_build_failure_falls_back(rel, fresh, monkeypatch, caplog, cc):
     _merge_checks(rel)
 
 
+@pytest.mark.quick
 @NEEDS_COMPILER
 def test_unusable_build_folder_falls_back(rel, fresh, caplog):
     rel.fault()
@@ -153,6 +155,7 @@ def test_exposed_library_is_refused(rel, fresh, caplog, how):
     _merge_checks(rel)
 
 
+@pytest.mark.quick
 @NEEDS_COMPILER
 @pytest.mark.parametrize("how", ["world-writable-cache", "group-writable-kernel-folder", "kernel-folder-symlink"])
 def test_exposed_folder_is_refused(rel, fresh, tmp_path, caplog, how):

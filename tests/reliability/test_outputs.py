@@ -39,6 +39,7 @@ def _removed(caplog):
 SHARDS = 4096  # out_shard_size in bytes: the tiny models' merge is written in several shards
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("order", ["sharded-then-single", "single-then-sharded"])
 def test_reused_output_folder_keeps_only_the_new_merge(rel, qwen_bf16, run_yaml, tmp_path, caplog, order):
     agents = [qwen_bf16.path("A"), qwen_bf16.path("B")]
@@ -97,6 +98,7 @@ def _task_arithmetic(qwen, agents):
     return yaml.safe_dump(data)
 
 
+@pytest.mark.quick
 def test_other_method_into_a_ramplus_folder_drops_its_ram_stats(rel, qwen_bf16, run_yaml, tmp_path, caplog):
     """`task_arithmetic` into a folder holding a `ramplus` merge: the old ram_stats.json (ρ, λ)
     would describe weights it no longer sits beside. Everything else is mergekit's own."""
@@ -109,7 +111,8 @@ def test_other_method_into_a_ramplus_folder_drops_its_ram_stats(rel, qwen_bf16, 
     run = run_yaml(_task_arithmetic(qwen_bf16, agents), out=out)
     assert "ram_stats.json" not in run.files
     rel.names(
-        next(m for m in (r.getMessage() for r in caplog.records) if "ram_stats.json" in m), out / "ram_stats.json"
+        next(m for m in (r.getMessage() for r in caplog.records) if "ram_stats.json" in m), out / "ram_stats.json",
+        "r=0.1, alpha=2.0", f"agents {agents[0]}, {agents[1]}",  # what the merge replaces (issue 43)
     )
     fresh = run_yaml(_task_arithmetic(qwen_bf16, agents), out=tmp_path / "fresh")
     try:

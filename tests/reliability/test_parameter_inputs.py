@@ -114,6 +114,7 @@ def rho_one():
     return {i: {"rho": 1.0} for i in range(3)}
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("name", ["epsilon", "r", "alpha"])
 @pytest.mark.parametrize("value", ["1e-5", None, True], ids=["string", "none", "bool"])
 def test_api_parameter_of_the_wrong_type_names_it(rel, name, value):

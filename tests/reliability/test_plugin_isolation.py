@@ -173,6 +173,7 @@ FOREIGN = textwrap.dedent(
 )
 
 
+@pytest.mark.quick
 def test_ramplus_owned_by_another_package_is_refused(rel, qwen_bf16, tmp_path):
     """A `ramplus` registered first by another package: neither a merge nor `inspect` runs that
     method under our name; both say which module owns the name and what to do."""

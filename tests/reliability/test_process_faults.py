@@ -209,6 +209,7 @@ def test_output_disk_full_then_rerun(rel, qwen_bf16, run_yaml, tmp_path, monkeyp
     rel.matches_reference(again.tensors, *inputs(qwen_bf16.path("base"), agents))
 
 
+@pytest.mark.quick
 def test_disk_full_for_ram_stats(rel, qwen_bf16, run_yaml, tmp_path, monkeypatch):
     rel.fault()
     agents = [qwen_bf16.path("A"), qwen_bf16.path("B")]

@@ -72,9 +72,115 @@ def test_nan_in_a_tied_embedding_names_it(rel, llama_tied, make_model, run_yaml,
     no_weights(tmp_path / "out")
 
 
+# ---------------------------------------------------------------- a result no dtype holds (issue 39, case 4)
+
+
+def _overflowing(fam, make_model, dtype=torch.float16, value=64992.0):
+    """base, A, B (folders, in `dtype`) where A alone changes one MLP entry, to 64,992: A's lambda (> 1 with r = 1)
+    makes it more than float16's largest value, 65,504; every input finite."""
+    entry = fam.base[MLP].view(-1)[7]
+    a = _with(fam.agents["A"], MLP, _poke(value))
+    b = _with(fam.agents["B"], MLP, _poke(float(entry)))
+    cast = lambda sd: {k: v.to(dtype) for k, v in sd.items()}  # noqa: E731
+    tag = f"{str(dtype).removeprefix('torch.')}-{value:g}"  # make_model writes a name once per session
+    return (make_model(f"inf-base-{tag}", cast(fam.base), dtype=dtype), make_model(f"inf-A-{tag}", cast(a), dtype=dtype),
+            make_model(f"inf-B-{tag}", cast(b), dtype=dtype))  # fmt: skip
+
+
+def _names_overflow(rel, info, agent, dtype="float16") -> None:
+    rel.names(info, MLP, f"only {agent} changed it", "lambda = ", f"not finite in {dtype}", f"`out_dtype: float32`",
+              "a smaller `r`")  # fmt: skip
+
+
+def test_a_merge_float16_cannot_hold_stops_before_writing(rel, qwen_bf16, make_model, run_yaml, tmp_path):
+    """mergekit-yaml / run_merge: before, inf was written, exit 0, and verify called the folder identical."""
+    from mergekit_ram.errors import NonFiniteResultError
+
+    base, a, b = _overflowing(qwen_bf16.family, make_model)
+    rel.watch(base, a, b)
+    with pytest.raises(NonFiniteResultError) as info:
+        run_yaml(config_yaml(base, [a, b], parameters={"r": 1.0}, dtype="float16"), out=tmp_path / "o")
+    _names_overflow(rel, info, a)
+    no_weights(tmp_path / "o")
+
+
+def test_a_merge_written_narrower_than_its_inputs_stops_at_out_dtype(rel, qwen_bf16, make_model, run_yaml, tmp_path):
+    """float32 inputs, out_dtype float16, r = 0: the agent's own value, rounded once to what is written."""
+    from mergekit_ram.errors import NonFiniteResultError
+
+    base, a, b = _overflowing(qwen_bf16.family, make_model, torch.float32, 70000.0)
+    rel.watch(base, a, b)
+    text = config_yaml(base, [a, b], parameters={"r": 0.0}, dtype="float32") + "out_dtype: float16\n"
+    with pytest.raises(NonFiniteResultError) as info:
+        run_yaml(text, out=tmp_path / "o")
+    _names_overflow(rel, info, a)
+    assert "lambda = 1 makes" in str(info.value)
+    no_weights(tmp_path / "o")
+
+
+def test_mergekit_pytorch_stops_before_writing(rel, tmp_path):
+    """The issue's repro: dtype float16, r = 0.1; a: w[5] = 64000, w[10:40] = 0.01; b: w[10:40] = 0.02, w[50] = 0.5."""
+    from helpers import run_flat
+    from safetensors.torch import save_file
+
+    from mergekit_ram.errors import NonFiniteResultError
+
+    w = torch.zeros(64)
+    a, b = w.clone(), w.clone()
+    a[5], a[10:40], b[10:40], b[50] = 64000, 0.01, 0.02, 0.5
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    for name, tensor in (("base", w), ("a", a), ("b", b)):
+        save_file({"w": tensor}, str(folder / f"{name}.safetensors"))
+    rel.watch(folder)
+    text = (f"merge_method: ramplus\nbase_model: {folder}/base.safetensors\nmodels:\n  - model: {folder}/a.safetensors"
+            f"\n  - model: {folder}/b.safetensors\nparameters:\n  r: 0.1\ndtype: float16\n")  # fmt: skip
+    with pytest.raises(NonFiniteResultError) as info:
+        run_flat(text, tmp_path / "o")
+    rel.names(info, "tensor w", f"only {folder}/a.safetensors changed it", "lambda = 1.2", "float16")
+    no_weights(tmp_path / "o")
+
+
+def test_mergekit_multi_stops_before_writing(rel, qwen_bf16, make_model, tmp_path):
+    """A ramplus stage of mergekit-multi: one line, exit 1, no stage folder with weights."""
+    import subprocess
+
+    from helpers import console_script
+
+    base, a, b = _overflowing(qwen_bf16.family, make_model)
+    rel.watch(base, a, b)
+    config = tmp_path / "recipe.yml"
+    config.write_text("name: ram\n" + config_yaml(base, [a, b], parameters={"r": 1.0}, dtype="float16"))
+    env = {**__import__("os").environ, "MERGEKIT_RAM_CACHE": "off"}
+    done = subprocess.run([console_script("mergekit-multi"), str(config), "--intermediate-dir", str(tmp_path / "i"),
+                           "--no-copy-tokenizer", "--quiet"], capture_output=True, text=True, timeout=600, env=env,
+                          cwd=str(tmp_path))  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    _names_overflow(rel, done.stderr.strip().splitlines()[-1], a)
+    no_weights(tmp_path / "i" / "ram")
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "torch"])
+@pytest.mark.parametrize("dtype, value", [(torch.float16, 64000.0), (torch.bfloat16, 3.0e38), (torch.float32, 3.0e38)],
+                         ids=["float16", "bfloat16", "float32"])  # fmt: skip
+def test_merge_state_dicts_stops(rel, monkeypatch, native, dtype, value):
+    """The in-memory door, both kernels, near each dtype's largest value."""
+    import mergekit_ram
+
+    monkeypatch.setenv("MERGEKIT_RAM_NATIVE", native)
+    w = torch.zeros(64, dtype=dtype)
+    a, b = w.clone(), w.clone()
+    a[5], a[10:40], b[10:40], b[50] = value, 0.01, 0.02, 0.5
+    with pytest.raises(mergekit_ram.RamError) as info:
+        mergekit_ram.merge_state_dicts({"w": w}, {"a": {"w": a}, "b": {"w": b}}, r=0.1)
+    name = str(dtype).removeprefix("torch.")
+    rel.names(info, "tensor w", "only a changed it", "lambda = 1.2", f"not finite in {name}")
+
+
 # ---------------------------------------------------------------- shapes, dtypes, names
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("r", [0.1, 0.0], ids=["prepass", "r0"])
 def test_shape_mismatch_names_tensor_and_model(rel, qwen_bf16, make_model, run_yaml, tmp_path, r, monkeypatch):
     name = "model.layers.0.self_attn.q_proj.bias"
@@ -111,6 +217,7 @@ def test_float32_agent_with_bf16_base_merges_as_bf16(rel, qwen_bf16, make_model,
     rel.matches_reference(run.tensors, base, agents)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("r", [0.1, 0.0], ids=["prepass", "r0"])
 def test_agent_missing_a_tensor_names_tensor_and_model(rel, qwen_bf16, make_model, run_yaml, tmp_path, r):
     sd = {k: v for k, v in qwen_bf16.family.agents["A"].items() if k != MLP}
@@ -201,6 +308,7 @@ def test_twenty_agents(rel, qwen_bf16, twenty, run_yaml):
     rel.matches_reference(run.tensors, base, sds, r=0.2)
 
 
+@pytest.mark.quick
 def test_zero_element_tensors_merge(rel):
     """mergekit plans no empty tensor for these architectures: the in-memory API (same kernel)."""
     import mergekit_ram

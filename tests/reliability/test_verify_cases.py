@@ -59,12 +59,14 @@ def merged_ab(qwen_bf16, run_yaml, tmp_path):
 # ---------------------------------------------------------------- usage errors: exit 2
 
 
+@pytest.mark.quick
 def test_no_such_folder(rel, capsys, tmp_path):
     code, out, err = _verify(capsys, tmp_path / "nowhere")
     assert code == 2 and out == ""
     rel.names(_one_line(err), "no such folder", tmp_path / "nowhere")
 
 
+@pytest.mark.quick
 def test_a_file_given_as_the_folder(rel, capsys, tmp_path):
     (tmp_path / "f").write_text("x")
     rel.watch(tmp_path)
@@ -73,6 +75,7 @@ def test_a_file_given_as_the_folder(rel, capsys, tmp_path):
     rel.names(_one_line(err), "not a folder", tmp_path / "f")
 
 
+@pytest.mark.quick
 def test_another_methods_folder(rel, qwen_bf16, run_yaml, capsys, tmp_path):
     agents = [qwen_bf16.path("A"), qwen_bf16.path("B")]
     text = config_yaml(qwen_bf16.path("base"), agents, method="task_arithmetic", model_parameters={0: {"weight": 1.0}, 1: {"weight": 1.0}})
