@@ -68,7 +68,9 @@ def check_safetensors(file: str) -> None:
     try:
         with safe_open(file, framework="pt"):
             pass
-    except MemoryError as error:  # safetensors maps the whole file
+    except (MemoryError, OSError) as error:  # safetensors maps the whole file
+        if not isinstance(error, MemoryError) and "(os error 12)" not in str(error):  # ENOMEM: an OSError before 0.8
+            raise
         size = os.path.getsize(file) / 2**30
         raise RamError(
             f"input file {file} ({size:.1f} GiB) cannot be mapped into memory: is the address space limited "

@@ -88,6 +88,25 @@ def test_check_safetensors_leaves_io_errors_alone(tmp_path):
         files.check_safetensors(str(tmp_path / "missing.safetensors"))
 
 
+@pytest.mark.parametrize(
+    "raised", [MemoryError("Cannot allocate memory (os error 12)"), OSError("Cannot allocate memory (os error 12)")]
+)
+def test_check_safetensors_names_a_file_the_address_space_cannot_map(tmp_path, monkeypatch, raised):
+    """safetensors maps a file whole; under `ulimit -v` it raises MemoryError (0.8) or, before, an OSError without
+    the file's name (found by CI's floor stage, safetensors 0.5.2): either is one line naming the file."""
+    import safetensors
+
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.zeros(4)}, str(path))
+
+    def refuse(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(safetensors, "safe_open", refuse)
+    with pytest.raises(files.RamError, match=re.escape(f"input file {path} (0.0 GiB) cannot be mapped into memory")):
+        files.check_safetensors(str(path))
+
+
 def test_a_shape_lie_of_the_same_size_is_no_file_damage(tmp_path):
     """Neither safetensors nor the old byte count sees it: the shape check against the base does."""
     path = tmp_path / "same-size.safetensors"

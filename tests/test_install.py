@@ -376,10 +376,17 @@ def test_readme_install_lines_name_what_they_claim():
 # --------------------------------------------------------------------------- #
 # The suite's extra installs what the suite needs; the policies stack is its own (issue 43)
 # --------------------------------------------------------------------------- #
-def _extras() -> dict[str, list[str]]:
-    import tomllib
+def _pyproject() -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the test extra installs tomli
+        import tomli as tomllib
 
-    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _extras() -> dict[str, list[str]]:
+    return _pyproject()["project"]["optional-dependencies"]
 
 
 def _name(requirement: str) -> str:
@@ -426,12 +433,10 @@ def _test_modules() -> list[Path]:
 def test_the_quick_subset_covers_every_test_module_and_is_documented():
     """`python -m pytest -q -m quick -n 2`: at least one test of each module is marked (a module's `pytestmark`
     counts too), the marker is registered (pytest warns about an unknown one), and README and CONTRIBUTING say so."""
-    import tomllib
-
     marked = re.compile(r"^\s*@pytest\.mark\.quick\b|^pytestmark\b.*\bpytest\.mark\.quick\b", re.M)
     unmarked = [str(p.relative_to(REPO)) for p in _test_modules() if not marked.search(p.read_text("utf-8"))]
     assert not unmarked, f"test modules with no test in the quick subset (mark one fast test): {unmarked}"
-    options = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
+    options = _pyproject()["tool"]["pytest"]["ini_options"]
     assert any(m.startswith("quick:") for m in options["markers"]), options
     for doc in ("README.md", "CONTRIBUTING.md"):
         assert "python -m pytest -q -m quick -n 2" in (REPO / doc).read_text(encoding="utf-8"), doc

@@ -149,8 +149,10 @@ def test_training_smoke_run(tmp_path):
     log = lambda msg: None  # noqa: E731
     meta = rl.train_base(tmp_path / "base", TASKS, {**sac, "steps": 150}, horizon=20, seed=0, log=log)
     assert [c["steps"] for c in meta["curve"]] == [100]
-    agent = {**sac, "steps": 100, "warmup": 30}
+    agent = {**sac, "steps": 100, "warmup": 30, "fresh_optimizer": True}
     rl.finetune(tmp_path / "agent", tmp_path / "base" / "sac.zip", TASKS[1], TASKS, agent, horizon=20, seed=1, log=log)
+    resumed = {**agent, "fresh_optimizer": False}  # the base's Adam moments (the earlier runs)
+    rl.finetune(tmp_path / "resumed", tmp_path / "base" / "sac.zip", TASKS[1], TASKS, resumed, 20, seed=1, log=log)
 
     model = SAC.load(tmp_path / "base" / "sac.zip", device="cpu")
     actor = rl.Actor(tmp_path / "base" / "actor.safetensors")
@@ -160,6 +162,178 @@ def test_training_smoke_run(tmp_path):
         want, _ = model.predict(obs, deterministic=True)
         np.testing.assert_allclose(actor(obs), want, rtol=1e-4, atol=1e-5)
         obs = env.step(want)[0]
-    base, tuned = (load_file(str(tmp_path / d / "actor.safetensors")) for d in ("base", "agent"))
+    base, tuned, again = (load_file(str(tmp_path / d / "actor.safetensors")) for d in ("base", "agent", "resumed"))
     assert base.keys() == tuned.keys()
     assert any(not torch.equal(base[k], tuned[k]) for k in base)
+    # the other task's one-hot column gets no gradient (its input is 0): fresh moments leave it bit-identical,
+    # the base's resumed moments keep moving it (issue 42)
+    other = base["latent_pi.0.weight"][:, 39]
+    assert torch.equal(tuned["latent_pi.0.weight"][:, 39], other)
+    assert not torch.equal(again["latent_pi.0.weight"][:, 39], other)
+    assert not torch.equal(tuned["latent_pi.0.weight"][:, 40], base["latent_pi.0.weight"][:, 40])
+
+
+def _regime_cfg() -> dict:
+    cfg = json.loads(json.dumps(run.CONFIGS["regime-smoke"]))
+    cfg.update(tasks=TASKS, horizon=8, multitask=False, merges=["linear", "ramplus"], interpolate=[0.5], jobs=1)
+    cfg["eval"] = {"episodes": 2, "seed": 100_000, "bootstrap": 50}
+    grid = {"task_arithmetic": {"method": "task_arithmetic", "weight": [1.0, 0.5]}}
+    grid["dare_linear"] = {"method": "dare_linear", "density": [0.5], "weight": [1.0]}
+    cfg["tune"] = {"episodes": 2, "grid": grid}
+    return cfg
+
+
+def _stage_folder(folder: Path, sd: dict[str, torch.Tensor], key: str) -> Path:
+    folder.mkdir(parents=True)
+    save_file(sd, str(folder / "actor.safetensors"))
+    (folder / "stage.json").write_text(json.dumps({"key": key, "payload": {}, "seconds": 1.0}))
+    return folder / "actor.safetensors"
+
+
+def test_regime_seed_tunes_merges_and_publishes_what_replays(tmp_path):
+    """One seed of the regime run on tiny random actors: the grid is tuned on held-out variations, DARE merged at
+    two mask draws (averaged per episode), base -> specialist interpolated; the report over three seeds writes
+    per-episode outcomes, results.md regenerates from results.json, and stages.json lets a later run take the
+    published actors (a replay refuses a stage that is not there)."""
+    gen = torch.Generator().manual_seed(1)
+    base = _actor(gen)
+    _stage_folder(tmp_path / "base", base, "kbase")
+    agents = {}
+    for task in TASKS:
+        sd = {k: v + torch.randn(v.shape, generator=gen) * 0.05 for k, v in base.items()}
+        agents[task] = (_stage_folder(tmp_path / f"agent-{task}", sd, f"k{task}"), f"k{task}")
+    cfg = _regime_cfg()
+    pipe = run.Pipeline(cfg, tmp_path / "root", seed=0)
+    pipe.multitask = None
+    result = run.run_regime(pipe, tmp_path / "base", "kbase", agents)
+
+    assert set(result["tuning"]) == {"task_arithmetic", "dare_linear"}
+    ta = result["tuning"]["task_arithmetic"]
+    assert ta["best"] in ta["scores"] and len(ta["scores"]) == 2
+    draws = result["per_draw"]["dare_linear (tuned)"]
+    assert len(draws) == 2
+    files = result["merge_files"]["dare_linear (tuned)"]
+    assert len(files) == 2 and Path(files[0]).read_bytes() != Path(files[1]).read_bytes()  # two mask draws
+    for t in TASKS:
+        want = [(a + b) / 2 for a, b in zip(draws[0][t], draws[1][t], strict=True)]
+        assert result["success"]["dare_linear (tuned)"][t] == want
+        assert set(result["interpolation"][t]) == {"0", "0.5", "1"}
+    reg = result["regime"]["agents"]
+    assert all(0.01 < a["update_ratio"] < 0.5 and a["density"] > 0.99 for a in reg.values())
+
+    runs = [{**result, "seed": s} for s in (0, 1, 2)]
+    res = policy_report.build_regime(cfg, runs, {"cpu": "test"}, None, "test", 1.0, reps=50)
+    out = tmp_path / "published"
+    policy_report.write_regime(res, out)
+    published = json.loads((out / "results.json").read_text())
+    assert (out / "results.md").read_text() == policy_report.markdown_regime(published)
+    assert published["episodes"]["2"]["success"]["ramplus"] == result["success"]["ramplus"]
+    assert str(tmp_path) not in (out / "results.json").read_text()  # portable: published names only
+    assert (out / "policies" / "seed2" / f"{TASKS[0]}_agent.safetensors").exists()
+    c = published["ramplus_vs"]["linear"]
+    assert c["per_seed"] == [c["mean_diff"]] * 3 and c["p_improvement"] in (0.0, 0.5, 1.0)
+
+    again = run.Pipeline(cfg, tmp_path / "root2", seed=0, published=out, replay=True)
+    stage = run.Stage(tmp_path / "root2" / "agent", f"k{TASKS[1]}", {})
+    again._adopt(stage, "agent")
+    assert (stage.folder / "actor.safetensors").read_bytes() == agents[TASKS[1]][0].read_bytes()
+    with pytest.raises(SystemExit, match="not in"):
+        again._adopt(run.Stage(tmp_path / "root2" / "other", "missing", {}), "agent")
+
+
+def test_merge_batch_gives_mergekit_pytorchs_bytes(tmp_path):
+    """The in-process batch is `mergekit-pytorch` itself: a dare_linear merge (random masks) gives the same bytes
+    as the command with the same --random-seed and PYTHONHASHSEED."""
+    import os
+    import subprocess
+
+    import yaml
+
+    gen = torch.Generator().manual_seed(2)
+    for name in ("base", "a", "b"):
+        save_file(_actor(gen), str(tmp_path / f"{name}.safetensors"))
+    config = {"merge_method": "dare_linear", "base_model": str(tmp_path / "base.safetensors"), "dtype": "float32"}
+    config["models"] = [{"model": str(tmp_path / f"{n}.safetensors"), "parameters": {"weight": 0.5, "density": 0.5}}
+                        for n in ("a", "b")]  # fmt: skip
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    jobs = [[str(tmp_path / "m.yaml"), str(tmp_path / "in"), "--random-seed", "7"]]
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    bin_dir = Path(sys.executable).parent
+    subprocess.run([sys.executable, str(POLICIES / "merge_batch.py"), str(tmp_path / "jobs.json")], env=env, check=True)
+    cli = [str(bin_dir / "mergekit-pytorch"), str(tmp_path / "m.yaml"), str(tmp_path / "cli"), "--random-seed", "7"]
+    subprocess.run(cli, env=env, check=True, capture_output=True)
+    a, b = (tmp_path / d / "model.safetensors" for d in ("in", "cli"))
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_regime_statistics_see_unique_task_columns(tmp_path):
+    """‖τ‖/‖θ_base‖, density and overlap per agent; each agent's own task-ID column changed by it alone."""
+    import regime
+
+    gen = torch.Generator().manual_seed(3)
+    base = _actor(gen)
+    save_file(base, str(tmp_path / "base.safetensors"))
+    files = {}
+    for j, task in enumerate(TASKS):
+        sd = {k: v.clone() for k, v in base.items()}
+        sd["latent_pi.0.weight"][:, 39 + j] += 0.1  # the own task-ID column, every row
+        sd["mu.bias"] += 0.01  # shared by both agents
+        files[task] = tmp_path / f"{task}.safetensors"
+        save_file(sd, str(files[task]))
+    stats = regime.statistics(tmp_path / "base.safetensors", files, TASKS)
+    base_norm = float(torch.sqrt(sum((v.double() ** 2).sum() for v in base.values())))
+    assert stats["base_norm"] == pytest.approx(base_norm)
+    for task in TASKS:
+        a = stats["agents"][task]
+        rows = base["latent_pi.0.weight"].shape[0]
+        assert a["own_column"] == {**a["own_column"], "changed": rows, "unique": rows}
+        assert a["other_columns_changed"] == 0
+        assert a["unique_share"] == pytest.approx(rows / (rows + 4))
+        assert a["update_ratio"] == pytest.approx(np.sqrt(rows * 0.01 + 4 * 1e-4) / base_norm, rel=1e-4)
+    assert stats["unchanged_inputs"] == list(range(39))
+
+
+def test_hierarchical_bootstrap_covers_the_seeds_spread():
+    """Seeds that disagree widen the interval of the mean; identical seeds with no episode noise give a point."""
+    import regime
+
+    same = np.full((5, 100), 0.3)
+    assert regime.interval(regime.hierarchical(same, np.mean, 200)) == pytest.approx((0.3, 0.3))
+    spread = np.repeat(np.array([[0.0], [0.2], [0.4], [0.6], [0.8]]), 100, axis=1)
+    lo, hi = regime.interval(regime.hierarchical(spread, np.mean, 500))
+    assert lo < 0.25 and hi > 0.55
+    assert regime.improvement([0.1, -0.1, 0.0, 0.2]) == pytest.approx(0.625)
+    assert regime.iqm([0, 1, 2, 3, 4, 5, 6, 100]) == pytest.approx(3.5)
+
+
+def test_out_keeps_published_results_unless_asked(tmp_path, capsys):
+    (tmp_path / "results.json").write_text("{}")
+    with pytest.raises(SystemExit, match="--overwrite"):
+        run.main(["--config", "regime-smoke", "--root", str(tmp_path / "root"), "--out", str(tmp_path)])
+    assert (tmp_path / "results.json").read_text() == "{}"
+
+
+def test_base_stopped_at_a_step_is_the_screens_checkpoint_there(tmp_path):
+    """`stop_at`: the pipeline's base is the screen's checkpoint of the same run at that step, byte for byte (the
+    published base came from the screen); the screen's evaluations in between change nothing."""
+    import screen
+
+    sac = {**run.SAC, "net_arch": [8, 8], "batch": 16, "learning_starts": 40, "log_every": 1000, "train_freq": 1}
+    log = lambda msg: None  # noqa: E731
+    ck = screen.Checkpoints(tmp_path / "screen", 120, TASKS, TASKS, episodes=1, horizon=10)
+    rl.train_base(tmp_path / "long", TASKS, {**sac, "steps": 240}, 10, seed=0, log=log, callbacks=[ck.callback])
+    rl.train_base(tmp_path / "stop", TASKS, {**sac, "steps": 240, "stop_at": 120}, 10, seed=0, log=log)
+    saved = (tmp_path / "screen" / "actor-120.safetensors").read_bytes()
+    assert (tmp_path / "stop" / "actor.safetensors").read_bytes() == saved
+    assert (tmp_path / "long" / "actor.safetensors").read_bytes() != saved
+
+
+@pytest.mark.parametrize("folder", ["results", "results/regime"])
+def test_published_results_md_regenerates_from_results_json(folder):
+    """Every number of a published results.md comes from its results.json (the earlier four-seed run, and the
+    regime run)."""
+    path = POLICIES / folder
+    res = json.loads((path / "results.json").read_text())
+    render = policy_report.markdown_regime if res.get("format") == "regime" else policy_report.markdown
+    assert (path / "results.md").read_text() == render(res)

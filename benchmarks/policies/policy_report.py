@@ -413,3 +413,413 @@ def write(res: dict, out: Path) -> None:
                     dest = out / "policies" / f"seed{seed}" / f"{row.replace(' ', '_')}.safetensors"
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(path, dest)
+
+
+# --------------------------------------------------------------------------- #
+# The regime run (issue 42): a verdict at the level of training seeds
+# --------------------------------------------------------------------------- #
+#: ramplus against these first (the issue's list), then every other merge
+HEADLINE = ["linear", "ties (tuned)", "dare_linear (tuned)", "task_arithmetic (tuned)"]
+REGIME_LABELS = {
+    "multitask SAC": "multi-task SAC (same budget)",
+    "task_arithmetic (tuned)": "task_arithmetic, tuned w",
+    "ties (tuned)": "ties, tuned d and λ",
+    "dare_linear (tuned)": "dare_linear, tuned d and w (mean of mask draws)",
+    "dare_ties (tuned)": "dare_ties, tuned d and w (mean of mask draws)",
+}
+
+
+def regime_label(row: str) -> str:
+    return REGIME_LABELS.get(row) or (MERGES[row].label if row in MERGES else row)
+
+
+def _kind(row: str, tasks: list[str]) -> str:
+    if row == "base":
+        return "base"
+    if row in (f"{t} agent" for t in tasks):
+        return "specialist"
+    return "reference" if row == "multitask SAC" else "merge"
+
+
+def portable(obj, mapping: dict[str, str]):
+    """`obj` (JSON-like) with every absolute path of `mapping` replaced by its published, relative name."""
+    text = json.dumps(obj, ensure_ascii=False)
+    for src, dst in sorted(mapping.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(json.dumps(src)[1:-1], dst)
+    return json.loads(text)
+
+
+def published_names(runs: list[dict]) -> dict[str, str]:
+    """{absolute file or stage folder: its name in the publication}: the base, each seed's actors, the cache."""
+    out = {}
+    for run in runs:
+        for row, path in run["files"].items():
+            name = "base/actor.safetensors" if row == "base" else f"policies/seed{run['seed']}/{_file(row)}"
+            out[str(path)] = name
+            if row == "base":
+                out[str(Path(path).parent / "sac.zip")] = "base/sac.zip"
+    return out
+
+
+def _file(row: str) -> str:
+    return row.replace(" ", "_") + ".safetensors"
+
+
+def build_regime(cfg, runs, machine, commit, config_name, seconds, reps: int | None = None) -> dict:
+    import regime as R
+
+    tasks, seeds = list(cfg["tasks"]), [run["seed"] for run in runs]
+    reps = reps or cfg["eval"]["bootstrap"]
+    rows = list(runs[0]["success"])
+    rate = lambda run, row, t: float(np.mean(run["success"][row][t]))  # noqa: E731
+    per_seed = {row: [float(np.mean([rate(run, row, t) for t in tasks])) for run in runs] for row in rows}
+    boot = {row: R.per_seed_replicates(runs, row, tasks, reps) for row in rows}
+    models = {}
+    for row in rows:
+        x = np.asarray(per_seed[row])
+        mean_ci = R.interval(R.hierarchical(boot[row], np.mean, reps))
+        iqm_ci = R.interval(R.hierarchical(boot[row], R.iqm, reps))
+        models[row] = {
+            "kind": _kind(row, tasks),
+            "label": regime_label(row),
+            "success": {t: _num(np.mean([rate(run, row, t) for run in runs])) for t in tasks},
+            "mean": _num(x.mean()),
+            "mean_ci": [_num(v) for v in mean_ci],
+            "iqm": _num(R.iqm(x)),
+            "iqm_ci": [_num(v) for v in iqm_ci],
+            "per_seed_mean": [_num(v) for v in x],
+            "per_seed_success": [{t: _num(rate(run, row, t)) for t in tasks} for run in runs],
+        }
+    gains = {}
+    for t in tasks:
+        g = [rate(run, f"{t} agent", t) - rate(run, "base", t) for run in runs]
+        gains[t] = {
+            "base": _num(np.mean([rate(run, "base", t) for run in runs])),
+            "specialist": _num(np.mean([rate(run, f"{t} agent", t) for run in runs])),
+            "per_seed": [_num(v) for v in g],
+            "min": _num(min(g)),
+            "meets_bar_20_points_every_seed": bool(min(g) >= 0.20 - 1e-9),
+        }
+    comparisons = {}
+    if "ramplus" in rows:
+        others = (
+            [r for r in HEADLINE if r in rows]
+            + [r for r in rows if r not in HEADLINE and r != "ramplus" and _kind(r, tasks) in ("merge", "reference")]
+            + ["base"]
+        )
+        for m in others:
+            d = np.asarray(per_seed["ramplus"]) - np.asarray(per_seed[m])
+            diff = boot["ramplus"] - boot[m]
+            ci = R.interval(R.hierarchical(diff, np.mean, reps))
+            p_ci = R.interval(R.hierarchical(diff, R.improvement, reps))
+            t_ci = seed_interval(list(d))
+            verdict = "ramplus better" if ci[0] > 0 else "ramplus worse" if ci[1] < 0 else "not resolved"
+            if len(runs) < 3:  # the seeds' spread is not measured: the interval is the episodes' noise alone
+                verdict = "— (under 3 seeds)"
+            comparisons[m] = {
+                "per_seed": [_num(v) for v in d],
+                "mean_diff": _num(d.mean()),
+                "ci": [_num(v) for v in ci],
+                "seed_ci": None if t_ci is None else [_num(v) for v in t_ci],
+                "p_improvement": _num(R.improvement(d)),
+                "p_improvement_ci": [_num(v) for v in p_ci],
+                "detectable_80": _num(R.detectable(list(d))),
+                "verdict": verdict,
+            }
+    names = published_names(runs)
+    agents_regime = {str(run["seed"]): run["regime"] for run in runs}
+    interpolation = {
+        t: {a: [_num(np.mean(run["interpolation"][t][a])) for run in runs] for a in runs[0]["interpolation"][t]}
+        for t in tasks
+    }
+    tuning = {
+        f: {
+            "best": [run["tuning"][f]["best"] for run in runs],
+            "scores": [{p: _num(v) for p, v in run["tuning"][f]["scores"].items()} for run in runs],
+            "variations": [run["tuning"][f]["variations"] for run in runs],
+        }
+        for f in runs[0]["tuning"]
+    }
+    density = {}
+    for run in runs:
+        stats = run["stats"].get("float32")
+        if stats:
+            keep = ("rho_counted", "lambda", "density", "unique_share")
+            density[str(run["seed"])] = {
+                Path(a["model"].split("@")[0]).parent.name: {k: _num(a.get(k)) for k in keep} for a in stats["agents"]
+            }
+    episodes = {
+        str(run["seed"]): {
+            "first_variation": run["first_episode"],
+            "success": run["success"],
+            "dare_draws": run["per_draw"],
+            "tuning": {f: run["tuning"][f]["success"] for f in run["tuning"]},
+            "interpolation": run["interpolation"],
+        }
+        for run in runs
+    }
+    res = {
+        "format": "regime",
+        "config_name": config_name,
+        "config": cfg,
+        "tasks": tasks,
+        "layout": list(cfg.get("base_tasks", tasks)),
+        "seeds": seeds,
+        "eval": {
+            "episodes_per_seed": cfg["eval"]["episodes"],
+            "success": "Meta-World info['success'] at any step (the episode stops there), deterministic actor",
+            "episode": f"at most {cfg['horizon']} steps; seed s, episode i: variation (episodes * s + i) mod 50",
+            "tuning": f"each family's grid on {cfg['tune']['episodes']} held-out variations per task and seed "
+            f"(metaworld.MT1(task, seed=1): never the evaluation's)",
+            "bootstrap_replicates": reps,
+            "intervals": "95 % percentile intervals of a two-stage bootstrap: training seeds with replacement, then "
+            "each drawn seed's episodes (paired across policies)",
+        },
+        "models": models,
+        "gains": gains,
+        "ramplus_vs": comparisons,
+        "regime": agents_regime,
+        "interpolation": interpolation,
+        "tuning": tuning,
+        "density": density,
+        "episodes": episodes,
+        "stages": portable({str(run["seed"]): run["stages"] for run in runs}, names),
+        "keys": {str(run["seed"]): run["keys"] for run in runs},
+        "seconds": round(seconds, 1),
+        "machine": machine,
+        "git_commit": commit,
+        "_runs": runs,
+        "_names": names,
+    }
+    return res
+
+
+def _pp(x, digits: int = 1) -> str:
+    """Points with a sign."""
+    return "—" if x is None else f"{100 * x:+.{digits}f}"
+
+
+def markdown_regime(res: dict) -> str:
+    tasks, seeds = res["tasks"], res["seeds"]
+    ev = res["eval"]
+    out = [
+        f"# Meta-World policies in the fine-tuning regime ({res['config_name']})",
+        "",
+        f"Tasks {', '.join(tasks)} (the base's one-hot layout: {', '.join(res['layout'])}); training seeds "
+        f"{seeds}; {ev['episodes_per_seed']} evaluation episodes per task and seed ({ev['episode']}). Success in %. "
+        f"Intervals: {ev['intervals']}; {ev['bootstrap_replicates']} replicates. Merges tuned: {ev['tuning']}.",
+        "",
+        "| model | " + " | ".join(tasks) + " | mean [95 % CI] | IQM over seeds [95 % CI] | per seed |",
+        "|" + "---|" * (len(tasks) + 4),
+    ]
+    for m in res["models"].values():
+        cells = [m["label"], *(_pct(m["success"][t]) for t in tasks)]
+        cells += [f"{_pct(m['mean'])} {_ci(m['mean_ci'], 1)}", f"{_pct(m['iqm'])} {_ci(m['iqm_ci'], 1)}"]
+        cells.append(" / ".join(f"{100 * x:.0f}" for x in m["per_seed_mean"]))
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", "Specialists' gains on their own task (points, per seed):", ""]
+    for t, g in res["gains"].items():
+        seeds_txt = ", ".join(f"{100 * x:+.0f}" for x in g["per_seed"])
+        bar = "every seed ≥ 20" if g["meets_bar_20_points_every_seed"] else "below 20 points in some seed"
+        out.append(f"- {t}: base {_pct(g['base'])}, specialist {_pct(g['specialist'])}; {seeds_txt} ({bar})")
+    if res["ramplus_vs"]:
+        out += [
+            "",
+            "`ramplus` (defaults) minus each other policy, mean success over the tasks (points): per seed, the mean "
+            "over seeds with its two-stage bootstrap interval, a Student-t interval over the seeds, the probability "
+            "of improvement (share of seeds where RAM+ is ahead; ties half) with its bootstrap interval, the "
+            "smallest difference these seeds would detect (paired t, 80 % power), and the verdict of the two-stage "
+            "interval:",
+            "",
+            "| policy | per seed | mean [95 % CI] | t over seeds | P(RAM+ ahead) | detectable | verdict |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for m, c in res["ramplus_vs"].items():
+            per = " / ".join(f"{100 * x:+.0f}" for x in c["per_seed"])
+            p = f"{c['p_improvement']:.2f} [{c['p_improvement_ci'][0]:.2f}, {c['p_improvement_ci'][1]:.2f}]"
+            cells = [regime_label(m), per, f"{_pp(c['mean_diff'])} {_ci(c['ci'], 1)}", _ci(c["seed_ci"], 1) or "—"]
+            cells += [p, "—" if c["detectable_80"] is None else f"{100 * c['detectable_80']:.1f}", c["verdict"]]
+            out.append("| " + " | ".join(cells) + " |")
+    out += ["", "Tuned settings per seed (held-out variations):", ""]
+    for f, t in res["tuning"].items():
+        chosen = [f"seed {s}: {b.split('[')[-1].rstrip(']')}" for s, b in zip(seeds, t["best"], strict=True)]
+        out.append(f"- {f}: " + "; ".join(chosen))
+    out += [
+        "",
+        "The regime: each specialist's update against the base (ε 1e-5; the first layer's task-ID columns):",
+        "",
+    ]
+    head = ["seed", "agent", "‖τ‖/‖θ_base‖", "changed", "unique", "shared with 1", "shared with ≥ 2"]
+    head += ["own task-ID column: changed / unique (of rows)", "other task-ID columns changed", "ρ", "λ"]
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for seed, reg in res["regime"].items():
+        dens = res["density"].get(seed, {})
+        for t in tasks:
+            a = reg["agents"][t]
+            own = a["own_column"]
+            d = next((v for k, v in dens.items() if k.startswith(f"agent-{t}-")), {})
+            cells = [seed, t, f"{a['update_ratio']:.3f}", f"{_pct(a['density'])} %", f"{_pct(a['unique_share'])} %"]
+            cells += [f"{_pct(a['shared_with_1_share'])} %", f"{_pct(a['shared_with_2plus_share'])} %"]
+            cells += [f"{own['changed']} / {own['unique']} (of {own['rows']})", str(a["other_columns_changed"])]
+            rho = d.get("rho_counted")
+            cells += ["∞" if rho is None else f"{rho:.2f}", "—" if d.get("lambda") is None else f"{d['lambda']:.3f}"]
+            out.append("| " + " | ".join(cells) + " |")
+    first = next(iter(res["regime"].values()))
+    out += [
+        "",
+        f"‖θ_base‖ = {first['base_norm']:.2f} over {first['numel']} weights. Inputs no specialist changed (first "
+        f"layer columns, every seed): "
+        + "; ".join(f"seed {s}: {r['unchanged_inputs']}" for s, r in res["regime"].items()),
+        "",
+        "Success on the own task along base → specialist, θ_base + α τ (mean over seeds, %):",
+        "",
+    ]
+    alphas = list(next(iter(res["interpolation"].values())))
+    out += ["| task | " + " | ".join(f"α = {a}" for a in alphas) + " |", "|" + "---|" * (len(alphas) + 1)]
+    for t, per in res["interpolation"].items():
+        out.append(f"| {t} | " + " | ".join(f"{100 * np.mean(per[a]):.0f}" for a in alphas) + " |")
+    out += ["", "Stage times (s):", ""]
+    for seed, stages in res["stages"].items():
+        parts = [f"{n} {s['seconds']:.0f}{' (cached)' if s.get('cached') else ''}" for n, s in stages.items()
+                 if not n.startswith("merge ")]  # fmt: skip
+        merges = [s for n, s in stages.items() if n.startswith("merge ")]
+        parts.append(f"{len(merges)} merges {sum(s['seconds'] for s in merges):.0f}")
+        out.append(f"- seed {seed}: " + ", ".join(parts))
+    m = res["machine"]
+    out += [
+        "",
+        f"Machine: {m.get('cpu')}, {m.get('cores')} cores; torch {m.get('torch')}, mergekit {m.get('mergekit')}, "
+        f"mergekit-ram {m.get('mergekit-ram')}; commit {res['git_commit']}; this report {res['seconds']:.0f} s.",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def chart_regime(res: dict, out: Path) -> None:
+    """chart.png: mean success per policy over seeds (each seed a dot) and RAM+'s differences with their
+    two-stage intervals; regime.png: each agent's ‖τ‖/‖θ_base‖ and overlap, and success along base → specialist."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = res["models"]
+    rows = list(models)
+    fig, axes = plt.subplots(1, 2, figsize=(14, 1.5 + 0.34 * len(rows)), constrained_layout=True)
+    ax = axes[0]
+    for i, r in enumerate(rows):
+        m = models[r]
+        lo, hi = m["mean_ci"]
+        color = "tab:red" if r.startswith("ramplus") else "tab:blue" if m["kind"] == "merge" else "tab:gray"
+        ax.errorbar(100 * m["mean"], i, xerr=[[100 * (m["mean"] - lo)], [100 * (hi - m["mean"])]], fmt="o",
+                    color=color, capsize=3)  # fmt: skip
+        ax.scatter([100 * x for x in m["per_seed_mean"]], [i] * len(m["per_seed_mean"]), s=8, color=color, alpha=0.35)
+    ax.set_yticks(range(len(rows)), [models[r]["label"] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("mean success over the tasks (%):\nseeds as dots, mean with its 95 % two-stage interval")
+    ax = axes[1]
+    comps = res["ramplus_vs"]
+    names = list(comps)
+    for i, m in enumerate(names):
+        c = comps[m]
+        ax.errorbar(100 * c["mean_diff"], i, xerr=[[100 * (c["mean_diff"] - c["ci"][0])], [100 * (c["ci"][1] -
+                    c["mean_diff"])]], fmt="o", color="tab:red", capsize=3)  # fmt: skip
+        ax.scatter([100 * x for x in c["per_seed"]], [i] * len(c["per_seed"]), s=8, color="tab:red", alpha=0.35)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(range(len(names)), [regime_label(m) for m in names], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("RAM+ minus policy (points):\nseeds as dots, mean with its 95 % two-stage interval")
+    fig.suptitle(f"Meta-World, {len(res['seeds'])} training seeds: merges of specialists fine-tuned from one base")
+    fig.savefig(out / "chart.png", dpi=110)
+    plt.close(fig)
+
+    tasks = res["tasks"]
+    n_bars = len(res["regime"]) * len(tasks)
+    fig, axes = plt.subplots(1, 3, figsize=(16, max(4.5, 1.5 + 0.16 * n_bars)), constrained_layout=True)
+    ax = axes[0]
+    for t in tasks:
+        ratios = [reg["agents"][t]["update_ratio"] for reg in res["regime"].values()]
+        dens = [100 * reg["agents"][t]["density"] for reg in res["regime"].values()]
+        ax.scatter(ratios, dens, label=t, s=18)
+    ax.axvline(0.5, color="black", lw=0.8, ls="--")
+    ax.set_xlabel("‖τ‖ / ‖θ_base‖ (each agent of each seed)")
+    ax.set_ylabel("weights changed (%)")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    labels, parts = [], []
+    for seed, reg in res["regime"].items():
+        for t in tasks:
+            a = reg["agents"][t]
+            own = a["own_column"]
+            labels.append(f"s{seed} {t.removesuffix('-v3')}")
+            own_share = own["unique"] / own["changed"] if own["changed"] else 0.0
+            parts.append([a["unique_share"] or 0, a["shared_with_1_share"] or 0, a["shared_with_2plus_share"] or 0,
+                          own_share])  # fmt: skip
+    y = np.arange(len(parts))
+    left = np.zeros(len(parts))
+    for k, (name, color) in enumerate(
+        zip(["unique", "shared with 1", "shared with ≥ 2"], ["tab:red", "tab:orange", "tab:gray"], strict=True)
+    ):
+        vals = np.array([100 * p[k] for p in parts])
+        ax.barh(y, vals, left=left, color=color, label=name, height=0.8)
+        left += vals
+    ax.scatter([100 * p[3] for p in parts], y, color="black", s=10, label="own task-ID column: changed rows unique")
+    ax.set_yticks(y, labels, fontsize=5)
+    ax.invert_yaxis()
+    ax.set_xlabel("% of the agent's changed weights (ε 1e-5)")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    ax = axes[2]
+    for t, per in res["interpolation"].items():
+        alphas = [float(a) for a in per]
+        ax.plot(alphas, [100 * np.mean(v) for v in per.values()], marker="o", label=t)
+    ax.set_xlabel("α in θ_base + α τ")
+    ax.set_ylabel("own-task success (%, mean over seeds)")
+    ax.legend(fontsize=7)
+    fig.suptitle("Where the agents stand: update size, overlap, and success along base → specialist")
+    fig.savefig(out / "regime.png", dpi=110)
+    plt.close(fig)
+
+
+def _compact(text: str) -> str:
+    """JSON with every list of numbers on one line (the per-episode outcomes: a line each otherwise)."""
+    import re
+
+    numbers = r"\[\s*([-0-9.eE]+(?:,\s*[-0-9.eE]+)*)\s*\]"
+    return re.sub(numbers, lambda m: "[" + ", ".join(x.strip() for x in m[1].split(",")) + "]", text)
+
+
+def write_regime(res: dict, out: Path) -> None:
+    """results.json, results.md, the charts, the default ramplus merge's ram_stats.json, the base (actor and SAC state,
+    what fine-tuning starts from), each seed's actors, and stages.json (the stage keys of the published files, so
+    a run resumes or replays from them)."""
+    runs, names = res.pop("_runs"), res.pop("_names")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("policies", "ram_stats"):  # rebuilt whole (run.py writes here only when asked: --overwrite)
+        shutil.rmtree(out / name, ignore_errors=True)
+    res = portable(res, names)
+    (out / "results.json").write_text(_compact(json.dumps(res, indent=1, ensure_ascii=False)))
+    (out / "results.md").write_text(markdown_regime(res))
+    try:
+        chart_regime(res, out)
+    except ImportError:
+        print("matplotlib is not installed: no charts")
+    index = {}
+    for run in runs:
+        seed = run["seed"]
+        for row, path in run["files"].items():
+            folder = Path(path).parent
+            dest = out / names[str(path)]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest)
+            files = {"actor.safetensors": names[str(path)]}
+            if row == "base" and (folder / "sac.zip").exists():
+                shutil.copyfile(folder / "sac.zip", out / "base" / "sac.zip")
+                files["sac.zip"] = "base/sac.zip"
+            meta = json.loads((folder / "stage.json").read_text())
+            index[meta["key"]] = {"files": files, "meta": meta}
+        for row, paths in run["merge_files"].items():
+            stats = Path(paths[0]).parent / "ram_stats.json"
+            if row == "ramplus" and stats.exists():  # the others: a replay makes them again
+                dest = out / "ram_stats" / f"seed{seed}" / f"{row}.json"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_text(json.dumps(portable(json.loads(stats.read_text()), names), indent=1))
+    (out / "stages.json").write_text(json.dumps(index, indent=1))

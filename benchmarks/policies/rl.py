@@ -10,6 +10,7 @@ there, as Meta-World's `terminate_on_success` evaluation does).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,14 +19,19 @@ from typing import ClassVar
 import gymnasium as gym
 import numpy as np
 
-#: the variations of each task (goal and object positions) come from this seed, shared by every run
+#: the variations of each task (goal and object positions) come from this seed, shared by every run: the agents
+#: train on them and are evaluated on them, as Meta-World's MT benchmarks do
 VARIATION_SEED = 0
+#: 50 other variations of each task (`metaworld.MT1(name, seed=1)`): the held-out set the merges' scale and density
+#: are tuned on, never the evaluation's. An episode is fixed by its variation alone: Meta-World's reset seed changes
+#: nothing once the variation is set (checked: the same observations from reset seeds 1 and 999)
+TUNING_SEED = 1
 
 
-def _task_env(name: str):
+def _task_env(name: str, variation_seed: int = VARIATION_SEED):
     import metaworld
 
-    bench = metaworld.MT1(name, seed=VARIATION_SEED)
+    bench = metaworld.MT1(name, seed=variation_seed)
     return bench.train_classes[name](), list(bench.train_tasks)
 
 
@@ -44,6 +50,7 @@ class MultiTask(gym.Env):
         horizon: int,
         seed: int,
         terminate_on_success: bool = False,
+        variation_seed: int = VARIATION_SEED,
     ):
         super().__init__()
         unknown = [t for t in tasks if t not in all_tasks]
@@ -51,7 +58,7 @@ class MultiTask(gym.Env):
             raise ValueError(f"tasks {unknown} are not among {list(all_tasks)}")
         self.tasks, self.all_tasks = list(tasks), list(all_tasks)
         self.horizon, self.terminate_on_success = horizon, terminate_on_success
-        self.envs = {t: _task_env(t) for t in self.tasks}
+        self.envs = {t: _task_env(t, variation_seed) for t in self.tasks}
         for t, (env, _) in self.envs.items():
             if horizon > env.max_path_length:
                 raise ValueError(f"horizon {horizon} exceeds {t}'s max_path_length {env.max_path_length}")
@@ -146,23 +153,69 @@ class Progress:
         self.start = time.perf_counter()
 
 
-def train_base(folder: Path, tasks: Sequence[str], rl: dict, horizon: int, seed: int, log) -> dict:
-    """The multi-task base: SAC on all `tasks` at once (one task per episode, its one-hot in the observation)."""
+class _StopAt:
+    """Ends `learn` right after environment step `steps` (before that step's gradient update, as a checkpoint
+    saved by a callback at that step)."""
+
+    def __init__(self, steps: int):
+        from stable_baselines3.common.callbacks import BaseCallback
+
+        class _CB(BaseCallback):
+            def _on_step(self) -> bool:
+                return self.num_timesteps < steps
+
+        self.callback = _CB()
+
+
+def train_base(
+    folder: Path, tasks: Sequence[str], rl: dict, horizon: int, seed: int, log, callbacks: Sequence = ()
+) -> dict:
+    """The multi-task base: SAC on all `tasks` at once (one task per episode, its one-hot in the observation).
+    `callbacks`: more stable-baselines3 callbacks (the screen's checkpoints). With `stop_at`, a run planned for
+    `steps` stops after that many environment steps, where the screen's checkpoint of the same run was saved."""
     import torch
 
     torch.manual_seed(seed)
     env = MultiTask(tasks, tasks, horizon, seed)
     model = _sac(env, rl, seed, buffer=rl["steps"])
     progress = Progress(log, rl["log_every"])
-    model.learn(total_timesteps=rl["steps"], callback=progress.callback)
+    stop = [_StopAt(rl["stop_at"]).callback] if rl.get("stop_at") else []
+    model.learn(total_timesteps=rl["steps"], callback=[progress.callback, *callbacks, *stop])
     folder.mkdir(parents=True, exist_ok=True)
     model.save(folder / "sac.zip")
     export_actor(model, folder / "actor.safetensors")
     return {"curve": progress.curve, "steps": rl["steps"]}
 
 
-def finetune(folder: Path, base_zip: Path, task: str, tasks: Sequence[str], rl: dict, horizon: int, seed: int, log):
-    """One specialist: the base's SAC (actor, critic, entropy coefficient, optimisers) trained on `task` alone.
+def fresh_optimizers(model) -> None:
+    """New Adam states (zero moments) for the actor, the critics and the entropy coefficient, at the model's
+    learning rate: a fine-tuning starts from the base's weights, not from its optimizer. Resumed moments keep
+    moving weights this run gives no gradient (another task's one-hot column: its input is always 0 here); fresh
+    ones leave them bit-identical."""
+    import torch
+
+    policy = model.policy
+    lr = model.lr_schedule(1.0)
+    policy.actor.optimizer = policy.optimizer_class(policy.actor.parameters(), lr=lr, **policy.optimizer_kwargs)
+    policy.critic.optimizer = policy.optimizer_class(policy.critic.parameters(), lr=lr, **policy.optimizer_kwargs)
+    if model.ent_coef_optimizer is not None:
+        model.ent_coef_optimizer = torch.optim.Adam([model.log_ent_coef], lr=lr)
+
+
+def finetune(
+    folder: Path,
+    base_zip: Path,
+    task: str | Sequence[str],
+    tasks: Sequence[str],
+    rl: dict,
+    horizon: int,
+    seed: int,
+    log,
+    callbacks: Sequence = (),
+) -> dict:
+    """One specialist: the base's SAC (actor, critics, entropy coefficient) trained on `task` alone, with fresh
+    optimizer moments (`rl["fresh_optimizer"]`, default true). `task` may be several tasks: the multi-task
+    reference, the base trained on on all of them with the same settings.
 
     The replay buffer starts empty and is first filled with `warmup` steps of the base's own (stochastic) policy:
     stable-baselines3's `learning_starts` would fill it with uniform random actions instead, which a fine-tuning
@@ -171,7 +224,7 @@ def finetune(folder: Path, base_zip: Path, task: str, tasks: Sequence[str], rl: 
     from stable_baselines3 import SAC
 
     torch.manual_seed(seed)
-    env = MultiTask([task], tasks, horizon, seed)
+    env = MultiTask([task] if isinstance(task, str) else list(task), tasks, horizon, seed)
     model = SAC.load(
         base_zip,
         env=env,
@@ -184,10 +237,12 @@ def finetune(folder: Path, base_zip: Path, task: str, tasks: Sequence[str], rl: 
         train_freq=rl["train_freq"],
         gradient_steps=rl["gradient_steps"],
     )
+    if rl.get("fresh_optimizer", True):
+        fresh_optimizers(model)
     model.set_random_seed(seed)
     _prefill(model, env, rl["warmup"], seed)
     progress = Progress(log, rl["log_every"])
-    model.learn(total_timesteps=rl["steps"], callback=progress.callback, reset_num_timesteps=True)
+    model.learn(total_timesteps=rl["steps"], callback=[progress.callback, *callbacks], reset_num_timesteps=True)
     folder.mkdir(parents=True, exist_ok=True)
     export_actor(model, folder / "actor.safetensors")
     return {"curve": progress.curve, "steps": rl["steps"], "warmup": rl["warmup"]}
@@ -215,15 +270,21 @@ def export_actor(model, path: Path) -> None:
     save_file(sd, str(path))
 
 
+def load_actor(path: Path) -> dict[str, np.ndarray]:
+    """An actor file's tensors as float32 numpy arrays (bf16 files too)."""
+    import torch
+    from safetensors.torch import load_file
+
+    return {k: v.to(torch.float32).numpy() for k, v in load_file(str(path)).items()}
+
+
 class Actor:
-    """The deterministic action of an SB3 SAC actor stored as a file: tanh(mu(relu(... relu(W0 x + b0)))), in
-    numpy float32 (what `SAC.predict(obs, deterministic=True)` computes, without torch's per-call overhead)."""
+    """The deterministic action of an SB3 SAC actor stored as a file (or given as its tensors): tanh(mu(relu(...
+    relu(W0 x + b0)))), in numpy float32 (what `SAC.predict(obs, deterministic=True)` computes, without torch's
+    per-call overhead)."""
 
-    def __init__(self, path: Path):
-        import torch
-        from safetensors.torch import load_file
-
-        sd = {k: v.to(torch.float32).numpy() for k, v in load_file(str(path)).items()}  # bf16 merges too
+    def __init__(self, path: Path | dict[str, np.ndarray]):
+        sd = path if isinstance(path, dict) else load_actor(path)
         idx = sorted({int(k.split(".")[1]) for k in sd if k.startswith("latent_pi.")})
         self.layers = [(sd[f"latent_pi.{i}.weight"].T, sd[f"latent_pi.{i}.bias"]) for i in idx]
         self.mu = (sd["mu.weight"].T, sd["mu.bias"])
@@ -235,17 +296,34 @@ class Actor:
         return np.tanh(x @ self.mu[0] + self.mu[1])
 
 
-def evaluate(actor_path: Path, task: str, tasks: Sequence[str], episodes: int, horizon: int, seed: int) -> list[int]:
-    """1/0 per episode: did the actor succeed at some step? Episode i runs variation i (mod 50) from reset seed
-    `seed + i`, the same for every actor."""
-    actor = Actor(actor_path)
-    env = MultiTask([task], tasks, horizon, seed, terminate_on_success=True)
+@functools.cache
+def _evaluation_env(task: str, tasks: tuple[str, ...], horizon: int, seed: int, variation_seed: int) -> MultiTask:
+    """One environment per task and process, reused for every actor: building Meta-World's 50 variations costs
+    about as much as ten evaluation episodes. Each episode resets it completely (its variation, its reset seed)."""
+    return MultiTask([task], tasks, horizon, seed, terminate_on_success=True, variation_seed=variation_seed)
+
+
+def evaluate(
+    actor: Path | dict[str, np.ndarray],
+    task: str,
+    tasks: Sequence[str],
+    episodes: int,
+    horizon: int,
+    seed: int,
+    variation_seed: int = VARIATION_SEED,
+    first: int = 0,
+) -> list[int]:
+    """1/0 per episode: did the actor succeed at some step? Episode i runs variation first + i (mod 50) of the
+    variations drawn with `variation_seed` (the evaluation's, or the held-out tuning set's), from reset seed
+    `seed + i` (which changes nothing: the variation fixes the episode), the same for every actor."""
+    act = Actor(actor)
+    env = _evaluation_env(task, tuple(tasks), horizon, seed, variation_seed)
     out = []
     for i in range(episodes):
-        obs, _ = env.reset(seed=seed + i, options={"task": task, "variation": i})
+        obs, _ = env.reset(seed=seed + i, options={"task": task, "variation": first + i})
         success = 0
         while True:
-            obs, _, terminated, truncated, _ = env.step(actor(obs))
+            obs, _, terminated, truncated, _ = env.step(act(obs))
             if terminated:
                 success = 1
             if terminated or truncated:

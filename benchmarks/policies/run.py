@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime
 import importlib.util
+import itertools
 import json
 import os
+import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -46,7 +50,8 @@ def _quality(name: str):
 
 
 Q = _quality("run")
-Stage, key_of, seed_of, log, run_tool, MERGES = Q.Stage, Q.key_of, Q.seed_of, Q.log, Q.run_tool, Q.MERGES
+Stage, key_of, seed_of, log, run_tool = Q.Stage, Q.key_of, Q.seed_of, Q.log, Q.run_tool
+MERGES, Merge = Q.MERGES, Q.Merge
 BIN = Path(sys.executable).parent
 #: bumped when a stage's code changes what it builds (part of every cache key of that stage)
 VERSIONS = {"pbase": 1, "pagent": 1, "pmerge": 1, "pinspect": 1, "peval": 1}
@@ -99,6 +104,76 @@ CONFIGS["smoke"] = {
 }
 
 
+#: the tuned merges of the regime run: each family's grid of scale (and density where it has one), tuned per
+#: training seed on held-out variations (`rl.TUNING_SEED`). Per-model parameters `weight`, `density`; shared
+#: `lambda` (mergekit's factor on the merged task vector: with `ties`' normalisation the weights cancel, so its
+#: scale is `lambda`). The first point of each grid is mergekit's usual setting (the earlier runs' row); a tie on
+#: the held-out episodes goes to the earlier point.
+TUNED: dict[str, dict] = {
+    "task_arithmetic": {"method": "task_arithmetic", "weight": [1.0, 0.25, 0.5, 0.75, 1.25]},
+    "ties": {"method": "ties", "density": [0.5, 0.2, 0.8], "lambda": [1.0, 1.5]},
+    "dare_linear": {"method": "dare_linear", "density": [0.5, 0.9], "weight": [1.0, 0.25, 0.5]},
+    "dare_ties": {"method": "dare_ties", "density": [0.5, 0.9], "weight": [1.0, 0.5]},
+}
+#: the regime run's fixed merges: averaging, RAM and RAM+ with its r, RAM+s and ε ablation
+REGIME_MERGES = [
+    "linear",
+    "ram",
+    "ramplus",
+    "ramplus_s",
+    "ramplus_r0",
+    "ramplus_r0.05",
+    "ramplus_r0.2",
+    "ramplus_eps1e-4",
+    "ramplus_eps1e-3",
+]
+CONFIGS["regime"] = {
+    # issue 42: agents that fine-tune one strong base (trained once, published), a verdict over ten seeds
+    "regime": True,
+    "seeds": list(range(10)),
+    # the specialists' tasks; the base's layout has button-press too, which the screen's fine-tuning did not learn
+    # (0 of 10 held-out episodes at 2k, 4k and 6k steps from this base: results/regime/screen/)
+    "tasks": ["reach-v3", "reach-wall-v3", "coffee-button-v3"],
+    "base_tasks": ["reach-v3", "reach-wall-v3", "coffee-button-v3", "button-press-v3"],
+    "horizon": 500,
+    # trained once, with its own seed (not the training seed's)
+    # the screen's 100k-step run (screen.py base --name base4) stopped at 60k steps, where its held-out success
+    # was highest (results/regime/screen/base4.json): its checkpoint is the published base
+    "base": {**SAC, "train_freq": 1, "steps": 100000, "stop_at": 60000, "seed": 0, "log_every": 10000},
+    # the fine-tuning screen (results/regime/screen/ft-*.json): at 1e-4 reach and reach-wall stayed at the base's
+    # level for 8k steps; at 3e-4 coffee-button rose from 0 to 50-70 % in 4-6k steps with ‖τ‖/‖θ_base‖ 0.13-0.18
+    "agent": {**SAC, "train_freq": 1, "steps": 6000, "warmup": 1000, "fresh_optimizer": True},
+    # multi-task SAC from the same base with the agents' settings and their total budget (K x their steps)
+    "multitask": True,
+    # episode i of seed s: variation (episodes * s + i) mod 50 (the seeds together cover all 50)
+    "eval": {"episodes": 20, "seed": 100_000, "bootstrap": 2000},
+    "tune": {"episodes": 8, "grid": TUNED},
+    "dare_seeds": 3,
+    "merges": REGIME_MERGES,
+    "interpolate": [0.25, 0.5, 0.75],
+    "bf16": [],
+    "inspect": ["float32"],
+    "jobs": 2,
+}
+CONFIGS["regime-smoke"] = {
+    **{k: v for k, v in CONFIGS["regime"].items() if k != "base_tasks"},
+    "seeds": [0, 1, 2],
+    "tasks": ["reach-v3", "drawer-close-v3"],
+    "horizon": 30,
+    "base": {**CONFIGS["smoke"]["base"], "seed": 0},
+    "agent": {**CONFIGS["smoke"]["agent"], "train_freq": 1, "fresh_optimizer": True},
+    "eval": {"episodes": 3, "seed": 100_000, "bootstrap": 200},
+    "tune": {
+        "episodes": 2,
+        "grid": {"task_arithmetic": TUNED["task_arithmetic"], "dare_linear": {**TUNED["dare_linear"], "weight": [1.0]}},
+    },
+    "dare_seeds": 2,
+    "merges": ["linear", "ramplus"],
+    "interpolate": [0.5],
+    "jobs": 1,
+}
+
+
 def agent_settings(cfg: dict, task: str) -> dict:
     shared = {k: v for k, v in cfg["agent"].items() if k != "per_task"}
     return {**shared, **cfg["agent"].get("per_task", {}).get(task, {})}
@@ -114,54 +189,116 @@ def _threads() -> None:
 
 
 class Pipeline:
-    def __init__(self, cfg: dict, root: Path, seed: int):
+    """One training seed's stages. `published`: a results folder whose base and actors (with their stage keys) are
+    copied into the cache when a stage's key matches (so a run resumes from the repository's files); `replay`:
+    every training stage must come from there (nothing is trained)."""
+
+    def __init__(self, cfg: dict, root: Path, seed: int, published: Path | None = None, replay: bool = False):
         self.cfg, self.root, self.seed = cfg, root, seed
         self.tasks = list(cfg["tasks"])
+        #: the one-hot layout: the base's tasks (the agents' tasks when the base has no others)
+        self.layout = list(cfg.get("base_tasks", self.tasks))
+        self.published, self.replay = published, replay
         self.stages: dict[str, dict] = {}
-        self.env = {**os.environ, "MERGEKIT_RAM_CACHE": str(root / "ram-cache"), "OMP_NUM_THREADS": "1"}
+        self.env = {
+            **os.environ,
+            "MERGEKIT_RAM_CACHE": str(root / "ram-cache"),
+            "OMP_NUM_THREADS": "1",
+            # DARE's masks follow the tensors' order, which follows string hashing: fixed, so each merge repeats
+            "PYTHONHASHSEED": "0",
+        }
 
     def _record(self, name: str, meta: dict, cached: bool, keep=()) -> None:
         self.stages[name] = {"seconds": meta["seconds"], "cached": cached, **{k: meta[k] for k in keep if k in meta}}
 
+    def _adopt(self, stage: Stage, name: str) -> None:
+        """Fill `stage` from the published results when their `stages.json` lists a stage of this key (the base,
+        each seed's actors): a run resumes from the repository's files, and a replay uses nothing else."""
+        if stage.done or self.published is None:
+            return
+        index = self.published / "stages.json"
+        entry = json.loads(index.read_text()).get(stage.key) if index.exists() else None
+        if entry is None:
+            if self.replay:
+                raise SystemExit(f"replay: seed {self.seed}'s {name} (stage {stage.key}) is not in {index}")
+            return
+        tmp = stage.folder.with_name(stage.folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for dest, src in entry["files"].items():
+            shutil.copyfile(self.published / src, tmp / dest)
+        (tmp / "stage.json").write_text(json.dumps(entry["meta"], indent=1))
+        shutil.rmtree(stage.folder, ignore_errors=True)
+        tmp.rename(stage.folder)
+        log(f"seed {self.seed}: {name} from {self.published}")
+
     def base(self) -> tuple[Path, str]:
-        payload = {"tasks": self.tasks, "horizon": self.cfg["horizon"], "sac": self.cfg["base"], "seed": self.seed}
+        """The multi-task base. With `base.seed` it is trained once, the same for every training seed."""
+        once = self.cfg["base"].get("seed") is not None
+        payload = {"tasks": self.layout, "horizon": self.cfg["horizon"], "sac": self.cfg["base"]}
+        if not once:
+            payload["seed"] = self.seed
         key = key_of("pbase", payload)
         stage = Stage(self.root / f"base-{key}", key, payload)
+        self._adopt(stage, "base")
+        seed = self.cfg["base"]["seed"] if once else seed_of("base", self.seed)
 
         def build(tmp: Path) -> dict:
             _threads()
-            log(f"seed {self.seed}: base on {self.tasks}, {self.cfg['base']['steps']} steps")
-            return rl.train_base(
-                tmp, self.tasks, self.cfg["base"], self.cfg["horizon"], seed_of("base", self.seed), log
-            )
+            log(f"seed {self.seed}: base on {self.layout}, {self.cfg['base']['steps']} steps")
+            return rl.train_base(tmp, self.layout, self.cfg["base"], self.cfg["horizon"], seed, log)
 
         meta, cached = stage.build(build)
         self._record("base", meta, cached, ("curve",))
         return stage.folder, key
 
     def agents(self, base: Path, base_key: str) -> dict[str, tuple[Path, str]]:
-        out = {}
+        """One specialist per task, and with `multitask` the multi-task reference (row `multitask SAC`): the base
+        trained on all tasks with the agents' settings and their total budget. `jobs` train at a time."""
+        todo = []
         for task in self.tasks:
             sac = agent_settings(self.cfg, task)
             payload = {"base": base_key, "task": task, "sac": sac, "seed": self.seed}
+            if self.layout != self.tasks:
+                payload["layout"] = self.layout
+            todo.append((f"{task} agent", task, sac, payload, seed_of("agent", task, self.seed)))
+        if self.cfg.get("multitask"):
+            sac = {**self.cfg["agent"], "steps": self.cfg["agent"]["steps"] * len(self.tasks)}
+            sac.pop("per_task", None)
+            payload = {"base": base_key, "task": self.tasks, "layout": self.layout, "sac": sac, "seed": self.seed}
+            todo.append(("multitask SAC", self.tasks, sac, payload, seed_of("multitask", self.seed)))
+        out, missing = {}, []
+        for row, task, sac, payload, seed in todo:
             key = key_of("pagent", payload)
-            stage = Stage(self.root / f"agent-{task}-{key}", key, payload)
-
-            def build(tmp: Path, task=task, sac=sac) -> dict:
-                _threads()
-                log(f"seed {self.seed}: agent {task}, {sac['steps']} steps from the base")
-                seed = seed_of("agent", task, self.seed)
-                return rl.finetune(tmp, base / "sac.zip", task, self.tasks, sac, self.cfg["horizon"], seed, log)
-
-            meta, cached = stage.build(build)
-            self._record(f"agent {task}", meta, cached, ("curve",))
-            out[task] = (stage.folder / "actor.safetensors", key)
-        return out
+            label = "multitask" if row == "multitask SAC" else task
+            stage = Stage(self.root / f"agent-{label}-{key}", key, payload)
+            self._adopt(stage, row)
+            out[row] = (stage.folder / "actor.safetensors", key)
+            if not stage.done:
+                missing.append((row, task, sac, seed, stage))
+        args = [(str(base / "sac.zip"), t, self.layout, sac, self.cfg["horizon"], seed, self.seed, str(st.folder),
+                 st.key, st.payload) for _, t, sac, seed, st in missing]  # fmt: skip
+        if args:
+            if self.cfg["jobs"] > 1 and len(args) > 1:
+                with ProcessPoolExecutor(max_workers=self.cfg["jobs"]) as pool:
+                    list(pool.map(_train_one, *zip(*args, strict=True)))
+            else:
+                for a in args:
+                    _train_one(*a)
+        built = {st.folder for *_, st in missing}
+        for row, task, _, payload, _ in todo:
+            stage = Stage(out[row][0].parent, out[row][1], payload)
+            name = row if row == "multitask SAC" else f"agent {task}"
+            self._record(name, stage.meta(), stage.folder not in built, ("curve",))
+        #: the multi-task reference's (actor file, stage key), or None
+        self.multitask = out.get("multitask SAC")
+        return {t: out[f"{t} agent"] for t in self.tasks}
 
     # -- merges -------------------------------------------------------------
-    def merge_config(self, name: str, base: Path, agents: dict[str, Path], dtype: str) -> dict:
-        """The quality benchmark's mergekit config of merge `name`, its models being files, in `dtype`."""
-        config = Q.Pipeline.merge_config(self, MERGES[name], base, {t: (p, "") for t, p in agents.items()})
+    def merge_config(self, spec, base: Path, agents: dict[str, Path], dtype: str) -> dict:
+        """The quality benchmark's mergekit config of merge `spec`, its models being files, in `dtype`."""
+        spec = MERGES[spec] if isinstance(spec, str) else spec
+        config = Q.Pipeline.merge_config(self, spec, base, {t: (p, "") for t, p in agents.items()})
         return {**config, "dtype": dtype}
 
     def bf16_inputs(self, base: Path, base_key: str, agents: dict[str, tuple[Path, str]]) -> tuple[Path, dict]:
@@ -171,73 +308,155 @@ class Pipeline:
         stage = Stage(self.root / f"bf16-{key}", key, payload)
 
         def build(tmp: Path) -> dict:
+            import torch
             from safetensors.torch import load_file, save_file
 
             tmp.mkdir(parents=True)
             for name, src in [("base", base / "actor.safetensors"), *((t, p) for t, (p, _) in agents.items())]:
-                sd = {k: v.to(__import__("torch").bfloat16) for k, v in load_file(str(src)).items()}
+                sd = {k: v.to(torch.bfloat16) for k, v in load_file(str(src)).items()}
                 save_file(sd, str(tmp / f"{name}.safetensors"))
             return {}
 
         stage.build(build)
         return stage.folder / "base.safetensors", {t: stage.folder / f"{t}.safetensors" for t in agents}
 
-    def merges(self, base: Path, base_key: str, agents: dict[str, tuple[Path, str]]) -> dict[str, Path]:
-        """Every configured merge of all specialists' actors (float32), and `bf16` ones of the bf16 round trip,
-        each built by a `mergekit-pytorch` process: {row: merged actor file}."""
-        bf_base, bf_agents = self.bf16_inputs(base, base_key, agents)
-        jobs = [
-            (n, "float32", base / "actor.safetensors", {t: p for t, (p, _) in agents.items()})
-            for n in self.cfg["merges"]
-        ]
-        jobs += [(n, "bfloat16", bf_base, bf_agents) for n in self.cfg["bf16"]]
+    def merge_all(self, jobs: list[tuple], base_key: str, agents: dict[str, tuple[Path, str]]) -> dict[str, Path]:
+        """Merges of the specialists' actors, `jobs` = [(row, Merge, dtype, base file, {task: file}, random seed)],
+        each a stage; the missing ones run in one `merge_batch.py` process (mergekit-pytorch in-process, with
+        PYTHONHASHSEED 0): {row: merged actor file}."""
         out, todo = {}, []
-        for name, dtype, b, ag in jobs:
+        for row, spec, dtype, b, ag, random_seed in jobs:
             payload = {
-                "spec": MERGES[name].__dict__,
+                "spec": spec.__dict__,
                 "dtype": dtype,
                 "base": base_key,
                 "agents": [k for _, k in agents.values()],
-                "seed": self.seed,
+                "seed": random_seed,
+                "pythonhashseed": self.env["PYTHONHASHSEED"],
                 "mergekit": version("mergekit"),
             }
             key = key_of("pmerge", payload)
-            row = name if dtype == "float32" else f"{name} (bf16)"
-            stage = Stage(self.root / "merges" / f"{name}-{dtype}-{key}", key, payload)
+            stage = Stage(self.root / "merges" / f"{spec.method}-{dtype}-{key}", key, payload)
             out[row] = stage.folder / "model" / "model.safetensors"
-            todo.append((row, name, dtype, b, ag, stage))
-
-        def run_one(item) -> None:
-            row, name, dtype, b, ag, stage = item
-
-            def build(tmp: Path) -> dict:
+            if not stage.done and all(stage.folder != s.folder for *_, s in todo):
+                todo.append((row, spec, dtype, b, ag, random_seed, stage))
+            elif stage.done:
+                self._record(f"merge {row}", stage.meta(), True, ("config", "command"))
+        if todo:
+            log(f"seed {self.seed}: {len(todo)} merges (mergekit-pytorch, in one process)")
+            batch = []
+            for _, spec, dtype, b, ag, random_seed, stage in todo:
+                tmp = stage.folder.with_name(stage.folder.name + ".tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
-                config = self.merge_config(name, b, ag, dtype)
-                (tmp / "merge.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-                cmd = [str(BIN / "mergekit-pytorch"), str(tmp / "merge.yaml"), str(tmp / "model")]
-                cmd += ["--random-seed", str(self.seed)]
-                run_tool(cmd, tmp / "mergekit.log", self.env)
-                return {
-                    "config": config,
-                    "command": "mergekit-pytorch merge.yaml model --random-seed " + str(self.seed),
-                }
-
-            log(f"seed {self.seed}: merge {row}" + (" (cached)" if stage.done else ""))
-            meta, cached = stage.build(build)
-            self._record(f"merge {row}", meta, cached, ("config", "command"))
-
-        with ThreadPoolExecutor(max_workers=max(1, self.cfg["jobs"])) as pool:
-            list(pool.map(run_one, todo))
+                (tmp / "merge.yaml").write_text(yaml.safe_dump(self.merge_config(spec, b, ag, dtype), sort_keys=False))
+                batch.append([str(tmp / "merge.yaml"), str(tmp / "model"), "--random-seed", str(random_seed)])
+            jobs_file = self.root / "merges" / f"batch-{os.getpid()}.json"
+            jobs_file.parent.mkdir(parents=True, exist_ok=True)
+            jobs_file.write_text(json.dumps(batch))
+            start = time.perf_counter()
+            run_tool([sys.executable, str(HERE / "merge_batch.py"), str(jobs_file)], jobs_file.with_suffix(".log"),
+                     self.env)  # fmt: skip
+            each = (time.perf_counter() - start) / len(todo)
+            for row, *_, random_seed, stage in todo:
+                tmp = stage.folder.with_name(stage.folder.name + ".tmp")
+                config = yaml.safe_load((tmp / "merge.yaml").read_text())
+                command = f"PYTHONHASHSEED=0 mergekit-pytorch merge.yaml model --random-seed {random_seed}"
+                meta = _finish(stage, tmp, each, {"config": config, "command": command})
+                self._record(f"merge {row}", meta, False, ("config", "command"))
         return out
+
+    def merges(self, base: Path, base_key: str, agents: dict[str, tuple[Path, str]], more=()) -> dict[str, Path]:
+        """Every configured merge of all specialists' actors (float32), `bf16` ones of the bf16 round trip, and
+        the `more` jobs (the tuning grid), all in one batch."""
+        files = {t: p for t, (p, _) in agents.items()}
+        jobs = [(n, MERGES[n], "float32", base / "actor.safetensors", files, self.seed) for n in self.cfg["merges"]]
+        if self.cfg["bf16"]:
+            bf_base, bf_agents = self.bf16_inputs(base, base_key, agents)
+            jobs += [(f"{n} (bf16)", MERGES[n], "bfloat16", bf_base, bf_agents, self.seed) for n in self.cfg["bf16"]]
+        return self.merge_all([*jobs, *more], base_key, agents)
+
+    def dare_seed(self, m: int) -> int:
+        """The `--random-seed` of DARE's mask draw `m` (0, 1, ...) in this training seed."""
+        return seed_of("dare", self.seed, m) % 2**31
+
+    def grid(self, base: Path, agents: dict[str, tuple[Path, str]]) -> tuple[list[tuple], dict[str, list[dict]]]:
+        """Every point of every tuned family's grid (DARE with its first mask draw): the merge jobs, and
+        {family: [{"point": name, "parameters": {...}}]} (`merge_all` gives their files)."""
+        files = {t: p for t, (p, _) in agents.items()}
+        points, jobs = {}, []
+        for family, spec in self.cfg["tune"]["grid"].items():
+            points[family] = []
+            for name, merge, params in grid_points(family, spec):
+                seed = self.dare_seed(0) if family.startswith("dare") else self.seed
+                jobs.append((name, merge, "float32", base / "actor.safetensors", files, seed))
+                points[family].append({"point": name, "parameters": params})
+        return jobs, points
+
+    def tune(self, grid: dict[str, list[dict]]) -> dict[str, dict]:
+        """Each family's best grid point on the held-out variations (mean success over the tasks; a tie goes to the
+        earlier point): {family: {"best": point, "parameters", "scores": {point: mean}, "success": ...}}."""
+        tu = self.cfg["tune"]
+        cells = [(p["point"], t, p["file"]) for points in grid.values() for p in points for t in self.tasks]
+        first = (tu["episodes"] * self.seed) % 50
+        success = self.evaluate_cells(cells, tu["episodes"], rl.TUNING_SEED, first, "tune")
+        out = {}
+        for family, points in grid.items():
+            scores = {p["point"]: float(np.mean([np.mean(success[p["point"]][t]) for t in self.tasks])) for p in points}
+            best = max(points, key=lambda p: (scores[p["point"]], -points.index(p)))
+            out[family] = {
+                "best": best["point"],
+                "parameters": best["parameters"],
+                "scores": scores,
+                "success": {p["point"]: success[p["point"]] for p in points},
+                "variations": f"tuning set (MT1 seed {rl.TUNING_SEED}) {first} to {first + tu['episodes'] - 1}",
+            }
+        return out
+
+    def tuned(self, base: Path, base_key: str, agents, tuning: dict[str, dict]) -> dict[str, list[Path]]:
+        """Each family at its tuned point; DARE at `dare_seeds` mask draws: {row: [files]}."""
+        files = {t: p for t, (p, _) in agents.items()}
+        jobs, rows = [], {}
+        for family, spec in self.cfg["tune"]["grid"].items():
+            name, merge, _ = next(x for x in grid_points(family, spec) if x[0] == tuning[family]["best"])
+            draws = range(self.cfg["dare_seeds"]) if family.startswith("dare") else [None]
+            rows[f"{family} (tuned)"] = []
+            for m in draws:
+                row = name if m is None else f"{name} mask {m}"
+                seed = self.seed if m is None else self.dare_seed(m)
+                jobs.append((row, merge, "float32", base / "actor.safetensors", files, seed))
+                rows[f"{family} (tuned)"].append(row)
+        made = self.merge_all(jobs, base_key, agents)
+        return {row: [made[r] for r in parts] for row, parts in rows.items()}
+
+    def interpolations(self, base: Path, base_key: str, agents) -> dict[str, dict[float, Path]]:
+        """θ_base + α τ for each specialist and each α of `interpolate`: {task: {α: file}}."""
+        alphas = list(self.cfg.get("interpolate", []))
+        payload = {"base": base_key, "agents": [agents[t][1] for t in self.tasks], "alphas": alphas}
+        key = key_of("pmerge", {"interpolate": payload})
+        stage = Stage(self.root / f"interp-{key}", key, payload)
+
+        def build(tmp: Path) -> dict:
+            from safetensors.numpy import save_file
+
+            tmp.mkdir(parents=True)
+            b = rl.load_actor(base / "actor.safetensors")
+            for t in self.tasks:
+                a = rl.load_actor(agents[t][0])
+                for alpha in alphas:
+                    sd = {k: (b[k] + np.float32(alpha) * (a[k] - b[k])).astype(np.float32) for k in b}
+                    save_file(sd, str(tmp / f"{t}-{alpha}.safetensors"))
+            return {}
+
+        stage.build(build)
+        return {t: {alpha: stage.folder / f"{t}-{alpha}.safetensors" for alpha in alphas} for t in self.tasks}
 
     def inspect(self, base: Path, base_key: str, agents: dict[str, tuple[Path, str]]) -> dict[str, dict]:
         """`mergekit-ram inspect` of the specialists, float32 and the bf16 round trip: {dtype: stats.json}."""
-        bf_base, bf_agents = self.bf16_inputs(base, base_key, agents)
+        inputs = {"float32": (base / "actor.safetensors", {t: p for t, (p, _) in agents.items()})}
+        if "bfloat16" in self.cfg["inspect"]:
+            inputs["bfloat16"] = self.bf16_inputs(base, base_key, agents)
         out = {}
-        inputs = {
-            "float32": (base / "actor.safetensors", {t: p for t, (p, _) in agents.items()}),
-            "bfloat16": (bf_base, bf_agents),
-        }
         for dtype, (b, ag) in inputs.items():
             if dtype not in self.cfg["inspect"]:
                 continue
@@ -249,14 +468,8 @@ class Pipeline:
                 tmp.mkdir(parents=True)
                 config = self.merge_config("ramplus", b, ag, dtype)
                 (tmp / "inspect.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-                cmd = [
-                    str(BIN / "mergekit-ram"),
-                    "inspect",
-                    str(tmp / "inspect.yaml"),
-                    "--json",
-                    str(tmp / "stats.json"),
-                ]
-                cmd += ["-q"]
+                cmd = [str(BIN / "mergekit-ram"), "inspect", str(tmp / "inspect.yaml")]
+                cmd += ["--json", str(tmp / "stats.json"), "-q"]
                 try:
                     import matplotlib  # noqa: F401
 
@@ -273,49 +486,80 @@ class Pipeline:
             out[dtype]["_folder"] = str(stage.folder)
         return out
 
+    # -- evaluation ---------------------------------------------------------
     def evaluate(self, policies: dict[str, Path]) -> dict[str, dict[str, list[int]]]:
-        """Success (1/0 per episode) of every policy on every task; each (policy file, task) cached by the file's
-        bytes, so the same actor is never evaluated twice."""
+        """Success (1/0 per episode) of every policy on every task on the evaluation's episodes."""
         ev = self.cfg["eval"]
-        todo, out = [], {row: {} for row in policies}
-        for row, path in policies.items():
-            digest = _digest(path)
-            for task in self.tasks:
-                payload = {"actor": digest, "task": task, "tasks": self.tasks, "horizon": self.cfg["horizon"], **ev}
-                payload.pop("bootstrap")
-                key = key_of("peval", payload)
-                stage = Stage(self.root / "eval" / f"{task}-{key}", key, payload)
-                todo.append((row, task, path, stage))
-        # one build per stage folder: two rows with the same bytes (ta_sum and a ramplus that changes each entry
-        # once are often bit-identical) share one folder, and two processes building it at once raced on its
-        # temporary folder (FileNotFoundError on stage.json, seen under load with jobs=2)
-        missing = list({s.folder: (row, task, path, s) for row, task, path, s in todo if not s.done}.values())
+        first = (ev["episodes"] * self.seed) % 50 if self.cfg.get("regime") else 0
+        cells = [(row, t, path) for row, path in policies.items() for t in self.tasks]
+        return self.evaluate_cells(cells, ev["episodes"], rl.VARIATION_SEED, first, "eval")
+
+    def evaluate_cells(self, cells, episodes: int, variation_seed: int, first: int, name: str) -> dict:
+        """{row: {task: 1/0 per episode}} of (row, task, actor file) cells; each (file, task, episodes) cached by the
+        file's bytes, so the same actor is never evaluated twice. The evaluations run `jobs` processes at a time,
+        each taking one task's environment through several actors."""
+        ev = self.cfg["eval"]
+        todo, out = [], {}
+        for row, task, path in cells:
+            payload = {"actor": _digest(path), "task": task, "tasks": self.layout, "horizon": self.cfg["horizon"]}
+            payload.update(episodes=episodes, seed=ev["seed"])
+            if variation_seed != rl.VARIATION_SEED or first:
+                payload.update(variation_seed=variation_seed, first=first)
+            key = key_of("peval", payload)
+            todo.append((row, task, path, Stage(self.root / "eval" / f"{task}-{key}", key, payload)))
+        # one build per stage folder: two rows with the same bytes share one folder (two processes building it at
+        # once raced on its temporary folder)
+        missing = list({s.folder: (t, p, s) for _, t, p, s in todo if not s.done}.values())
         if missing:
-            log(f"seed {self.seed}: evaluating {len(missing)} (policy, task) pairs, {ev['episodes']} episodes each")
-            args = [
-                (
-                    str(p),
-                    t,
-                    self.tasks,
-                    ev["episodes"],
-                    self.cfg["horizon"],
-                    ev["seed"],
-                    str(s.folder),
-                    s.key,
-                    s.payload,
-                )
-                for _, t, p, s in missing
-            ]
-            with ProcessPoolExecutor(max_workers=max(1, self.cfg["jobs"])) as pool:
-                list(pool.map(_eval_one, *zip(*args, strict=True)))
+            log(f"seed {self.seed}: evaluating {len(missing)} (policy, task) pairs ({name}), {episodes} episodes each")
+            groups = []
+            for task in self.tasks:
+                mine = [(str(p), str(s.folder), s.key, s.payload) for t, p, s in missing if t == task]
+                size = max(1, -(-len(mine) // max(1, self.cfg["jobs"] * 2)))
+                groups += [(task, mine[i : i + size]) for i in range(0, len(mine), size)]
+            args = [(t, g, self.layout, episodes, self.cfg["horizon"], ev["seed"], variation_seed, first)
+                    for t, g in groups]  # fmt: skip
+            if self.cfg["jobs"] > 1:
+                with ProcessPoolExecutor(max_workers=self.cfg["jobs"]) as pool:
+                    list(pool.map(_eval_group, *zip(*args, strict=True)))
+            else:
+                for a in args:
+                    _eval_group(*a)
         seconds = 0.0
         for row, task, _, stage in todo:
             meta = stage.meta()
-            out[row][task] = meta["success"]
+            out.setdefault(row, {})[task] = meta["success"]
             seconds += meta["seconds"]
         # summed over the evaluations, which ran `jobs` at a time
-        self.stages["eval"] = {"seconds": round(seconds, 2), "cached": not missing}
+        self.stages[name] = {"seconds": round(seconds, 2), "cached": not missing}
         return out
+
+
+def grid_points(family: str, spec: dict) -> list[tuple[str, Merge, dict]]:
+    """The points of a tuned family's grid: [(row name, Merge, {parameter: value})], mergekit's usual one first."""
+    axes = {k: v for k, v in spec.items() if k != "method"}
+    out = []
+    for values in itertools.product(*axes.values()):
+        params = dict(zip(axes, values, strict=True))
+        per_model = {k: v for k, v in params.items() if k in ("weight", "density")}
+        per_model.setdefault("weight", 1.0)
+        shared = {"lambda": params["lambda"]} if "lambda" in params else None
+        text = ", ".join(f"{SHORT.get(k, k)}={v}" for k, v in params.items())
+        out.append((f"{family} [{text}]", Merge(f"{family} ({text})", spec["method"], shared, per_model), params))
+    return out
+
+
+SHORT = {"weight": "w", "density": "d", "lambda": "λ"}
+
+
+def _finish(stage: Stage, tmp: Path, seconds: float, extra: dict) -> dict:
+    """Complete a stage whose files another process wrote into its temporary folder (as `Stage.build` does)."""
+    meta = {"key": stage.key, "payload": stage.payload, "seconds": round(seconds, 2), **extra}
+    meta["built"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    (tmp / "stage.json").write_text(json.dumps(meta, indent=1))
+    shutil.rmtree(stage.folder, ignore_errors=True)
+    tmp.rename(stage.folder)
+    return meta
 
 
 def _digest(path: Path) -> str:
@@ -324,20 +568,40 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-def _eval_one(path, task, tasks, episodes, horizon, seed, folder, key, payload) -> None:
+def _train_one(base_zip, task, layout, sac, horizon, seed, training_seed, folder, key, payload) -> None:
     stage = Stage(Path(folder), key, payload)
-    stage.build(lambda tmp: {"success": rl.evaluate(Path(path), task, tasks, episodes, horizon, seed)})
+
+    def build(tmp: Path) -> dict:
+        _threads()
+        what = task if isinstance(task, str) else f"multitask {'+'.join(task)}"
+        log(f"seed {training_seed}: agent {what}, {sac['steps']} steps from the base")
+        return rl.finetune(tmp, Path(base_zip), task, layout, sac, horizon, seed, log)
+
+    stage.build(build)
+
+
+def _eval_group(task, group, layout, episodes, horizon, seed, variation_seed, first) -> None:
+    """One task's environment through several actors: [(actor file, stage folder, key, payload)]."""
+    for path, folder, key, payload in group:
+        stage = Stage(Path(folder), key, payload)
+        stage.build(
+            lambda tmp, path=path: {
+                "success": rl.evaluate(Path(path), task, layout, episodes, horizon, seed, variation_seed, first)
+            }
+        )
 
 
 # --------------------------------------------------------------------------- #
 # Main
 # --------------------------------------------------------------------------- #
-def run_seed(cfg: dict, root: Path, seed: int, until: str) -> dict:
-    pipe = Pipeline(cfg, root, seed)
+def run_seed(cfg: dict, root: Path, seed: int, until: str, published: Path | None = None, replay=False) -> dict:
+    pipe = Pipeline(cfg, root, seed, published, replay)
     base, base_key = pipe.base()
     agents = pipe.agents(base, base_key)
     if until == "agents":
         return {"stages": pipe.stages}
+    if cfg.get("regime"):
+        return run_regime(pipe, base, base_key, agents)
     merged = pipe.merges(base, base_key, agents)
     stats = pipe.inspect(base, base_key, agents)
     policies = {"base": base / "actor.safetensors", **{f"{t} agent": p for t, (p, _) in agents.items()}, **merged}
@@ -348,6 +612,62 @@ def run_seed(cfg: dict, root: Path, seed: int, until: str) -> dict:
         "success": success,
         "stats": stats,
         "files": {k: str(v) for k, v in policies.items()},
+    }
+
+
+def run_regime(pipe: Pipeline, base: Path, base_key: str, agents: dict[str, tuple[Path, str]]) -> dict:
+    """The regime run's seed: fixed merges, each tuned family's grid tuned on held-out variations and merged at its
+    best point (DARE at several mask draws), base -> specialist interpolations, the regime's statistics, and every
+    policy evaluated on the evaluation's episodes. A row's episode outcome is the mean over its files (DARE's
+    draws)."""
+    import regime
+
+    grid_jobs, grid = pipe.grid(base, agents)
+    made = pipe.merges(base, base_key, agents, grid_jobs)
+    merged = {row: made[row] for row in pipe.cfg["merges"]}
+    for points in grid.values():
+        for p in points:
+            p["file"] = made[p["point"]]
+    tuning = pipe.tune(grid)
+    tuned = pipe.tuned(base, base_key, agents, tuning)
+    interp = pipe.interpolations(base, base_key, agents)
+    stats = pipe.inspect(base, base_key, agents)
+    rows: dict[str, list[Path]] = {"base": [base / "actor.safetensors"]}
+    rows.update({f"{t} agent": [p] for t, (p, _) in agents.items()})
+    if pipe.multitask:
+        rows["multitask SAC"] = [pipe.multitask[0]]
+    rows.update({r: [p] for r, p in merged.items()})
+    rows.update(tuned)
+    files = {f"{r} #{i}": p for r, ps in rows.items() for i, p in enumerate(ps)}
+    by_file = pipe.evaluate(files)
+    success = {r: {t: regime.mean_outcomes([by_file[f"{r} #{i}"][t] for i in range(len(ps))]) for t in pipe.tasks}
+               for r, ps in rows.items()}  # fmt: skip
+    ev = pipe.cfg["eval"]
+    first = (ev["episodes"] * pipe.seed) % 50
+    cells = [(f"{t} α={a}", t, f) for t, per in interp.items() for a, f in per.items()]
+    along = pipe.evaluate_cells(cells, ev["episodes"], rl.VARIATION_SEED, first, "interpolation")
+    interpolation = {t: {"0": success["base"][t], **{str(a): along[f"{t} α={a}"][t] for a in per}, "1":
+                         success[f"{t} agent"][t]} for t, per in interp.items()}  # fmt: skip
+    files_of = {"base": base / "actor.safetensors", **{f"{t} agent": p for t, (p, _) in agents.items()}}
+    if pipe.multitask:
+        files_of["multitask SAC"] = pipe.multitask[0]
+    return {
+        "seed": pipe.seed,
+        "stages": pipe.stages,
+        "success": success,
+        "per_draw": {r: [by_file[f"{r} #{i}"] for i in range(len(ps))] for r, ps in tuned.items() if len(ps) > 1},
+        "tuning": tuning,
+        "interpolation": interpolation,
+        "regime": regime.statistics(base / "actor.safetensors", {t: p for t, (p, _) in agents.items()}, pipe.layout),
+        "stats": stats,
+        "files": {k: str(v) for k, v in files_of.items()},
+        "merge_files": {r: [str(p) for p in ps] for r, ps in rows.items() if r not in files_of},
+        "keys": {
+            "base": base_key,
+            **{f"{t} agent": k for t, (_, k) in agents.items()},
+            **({"multitask SAC": pipe.multitask[1]} if pipe.multitask else {}),
+        },
+        "first_episode": first,
     }
 
 
@@ -365,14 +685,19 @@ def git_commit() -> str | None:
     try:
         git = ["git", "-C", str(HERE)]
         head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        # the code; not the published results, which a run rewrites
+        # the code; not the published results, which a run rewrites, nor the README written from them
         paths = [str(HERE.parent.parent / "mergekit_ram"), str(HERE), f":(exclude){HERE / 'results'}"]
+        paths.append(f":(exclude){HERE / 'README.md'}")
         changed = subprocess.run(
             [*git, "status", "--porcelain", "--", *paths], capture_output=True, text=True, check=True
         )
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+changes" if changed.stdout.strip() else "")
+
+
+#: where the regime run is published: its base and actors are read from here when a stage's key matches
+REGIME_RESULTS = HERE / "results" / "regime"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,26 +707,53 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", help="training seeds (default: the configuration's)")
     ap.add_argument("--root", type=Path, default=Path("/tmp/mergekit-ram-policies"), help="the stage cache")
     ap.add_argument("--out", type=Path, help="where results.json/.md and the charts go (default ROOT/results)")
+    ap.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
     ap.add_argument("--until", choices=["agents", "all"], default="all", help="stop after training the agents")
+    ap.add_argument(
+        "--published",
+        type=Path,
+        help="a results folder whose base and actors are used where their stage keys match (default for the "
+        f"regime configurations: {REGIME_RESULTS.relative_to(HERE.parent.parent)})",
+    )
+    ap.add_argument(
+        "--replay",
+        type=Path,
+        metavar="RESULTS",
+        help="re-merge and re-evaluate a publication from its published actors, with its configuration; nothing is "
+        "trained (e.g. benchmarks/policies/results/regime)",
+    )
     args = ap.parse_args(argv)
-    known = args.config in CONFIGS
-    cfg = copy.deepcopy(CONFIGS[args.config]) if known else json.loads(Path(args.config).read_text())
-    cfg = Q.apply_overrides(cfg, args.set)
-    seeds = args.seeds if args.seeds is not None else cfg["seeds"]
+    if args.replay:
+        published = json.loads((args.replay / "results.json").read_text())
+        cfg, name = published["config"], published["config_name"]
+        seeds = args.seeds if args.seeds is not None else published["seeds"]
+    else:
+        known = args.config in CONFIGS
+        cfg = copy.deepcopy(CONFIGS[args.config]) if known else json.loads(Path(args.config).read_text())
+        cfg = Q.apply_overrides(cfg, args.set)
+        seeds = args.seeds if args.seeds is not None else cfg["seeds"]
+        name = args.config
     unknown = [m for m in [*cfg["merges"], *cfg["bf16"]] if m not in MERGES]
     if unknown:
         raise SystemExit(f"unknown merge(s) {unknown}; known: {sorted(MERGES)}")
     root = args.root.resolve()
+    out = (args.out or root / "results").resolve()
+    if args.until == "all" and (out / "results.json").exists() and not args.overwrite:
+        raise SystemExit(f"{out} already holds results: pass --overwrite to replace them, or another --out")
+    published = args.replay or args.published or (REGIME_RESULTS if cfg.get("regime") else None)
     start = time.perf_counter()
-    runs = [run_seed(cfg, root, s, args.until) for s in seeds]
+    runs = [run_seed(cfg, root, s, args.until, published, bool(args.replay)) for s in seeds]
     if args.until == "agents":
         log(f"trained seeds {seeds} in {time.perf_counter() - start:.0f} s")
         return 0
     import policy_report
 
-    out = (args.out or root / "results").resolve()
-    res = policy_report.build(cfg, runs, machine(), git_commit(), args.config, time.perf_counter() - start)
-    policy_report.write(res, out)
+    if cfg.get("regime"):
+        res = policy_report.build_regime(cfg, runs, machine(), git_commit(), name, time.perf_counter() - start)
+        policy_report.write_regime(res, out)
+    else:
+        res = policy_report.build(cfg, runs, machine(), git_commit(), name, time.perf_counter() - start)
+        policy_report.write(res, out)
     log(f"results in {out}")
     return 0
 
