@@ -98,9 +98,10 @@ def test_moe_merge_equals_float64_reference(moe, run_yaml, scope):
         groups = R.reference_group_rhos(base, agents, 1e-5, list(base), "layer")
         assert set(report["rho_by_group"]) == set(groups)
         assert {f"model.layers.{i}" for i in range(LAYERS)} <= set(groups)
+        labels = {row["model"]: label for label, row in report["inputs"].items()}  # format 4 names agents by label
         for group, rhos in groups.items():
             for path, rho in rhos.items():
-                got_rho = report["rho_by_group"][group][path]
+                got_rho = report["rho_by_group"][group][labels[path]]
                 assert (got_rho == "inf") if rho == float("inf") else got_rho == pytest.approx(rho, rel=1e-12)
 
 

@@ -39,6 +39,12 @@ def _num(x):
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else round(float(x), 6)
 
 
+def _input_paths(stats: dict) -> dict:
+    """label -> input path: ram_stats.json format 4 names agents by label, its inputs table maps each to its
+    path (before format 4, agents were named by path: no table, so the lookups fall back to the path)."""
+    return {label: row["model"] for label, row in stats.get("inputs", {}).items()}
+
+
 def _label(row: str) -> str:
     if row.endswith(" (bf16)"):
         return MERGES[row[: -len(" (bf16)")]].label + ", bf16 inputs"
@@ -126,8 +132,7 @@ def build(cfg: dict, runs: list[dict], machine: dict, commit: str | None, config
             by_path = {str(Path(run["files"][specialists[t]])): t for t in tasks}
             by_path.update({str(Path(stats["_folder"]).parent / "x"): None})  # placeholder, never matched
             agents = {}
-            # ram_stats.json format 4 names agents by label, its inputs table maps each to its path; before, by path
-            paths = {label: row["model"] for label, row in stats.get("inputs", {}).items()}
+            paths = _input_paths(stats)
             for a in stats["agents"]:
                 path = paths.get(a.get("label"), a.get("model", "")).split("@")[0]
                 task = by_path.get(path) or next((t for t in tasks if Path(path).stem == t), path)
@@ -545,8 +550,12 @@ def build_regime(cfg, runs, machine, commit, config_name, seconds, reps: int | N
         stats = run["stats"].get("float32")
         if stats:
             keep = ("rho_counted", "lambda", "density", "unique_share")
+            paths = _input_paths(stats)
             density[str(run["seed"])] = {
-                Path(a["model"].split("@")[0]).parent.name: {k: _num(a.get(k)) for k in keep} for a in stats["agents"]
+                Path(paths.get(a.get("label"), a.get("model", "")).split("@")[0]).parent.name: {
+                    k: _num(a.get(k)) for k in keep
+                }
+                for a in stats["agents"]
             }
     episodes = {
         str(run["seed"]): {

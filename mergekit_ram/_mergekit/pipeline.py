@@ -107,6 +107,13 @@ def identities(task: Any, seen: dict[str, dict], identify: counting.Identify) ->
     return out
 
 
+def _named(agent: str, labels: dict[str, str]) -> str:
+    """An agent as a warning names it to the one merging: its label, then its input where that differs (the
+    console is theirs; the tables and the card name only labels)."""
+    label = labels.get(agent, agent)
+    return label if label == agent else f"{label} ({agent})"
+
+
 def _tell(current: session.MergeSession, options: Any, *, quiet_table: bool) -> None:
     """A merge's warnings about agents that add nothing, and its statistics table (stderr unless quiet)."""
     assert current.stats is not None and current.report is not None
@@ -117,7 +124,7 @@ def _tell(current: session.MergeSession, options: Any, *, quiet_table: bool) -> 
             LOG.warning(
                 "ramplus: %s changes no weight by more than epsilon; it is identical to the base "
                 "and adds nothing to the merge",
-                labels.get(agent, agent),
+                _named(agent, labels),
             )
     params = current.planned[0].parameters
     table = tables.format_table(totals.values(), params["r"], params["alpha"], params["lambda_rule"], labels)
