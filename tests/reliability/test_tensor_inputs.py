@@ -272,9 +272,9 @@ def test_agent_identical_to_base_alone(rel, qwen_bf16, run_yaml, caplog):
     caplog.set_level(logging.WARNING, logger="mergekit_ram")
     rel.watch(*qwen_bf16.paths.values())
     run = run_yaml(config_yaml(qwen_bf16.path("base"), [qwen_bf16.path("Z")]))
-    # named by its label, as the table names it
-    assert any(r.getMessage().startswith("ramplus: Z changes no weight") and "identical" in r.getMessage()
-               for r in caplog.records)  # fmt: skip
+    # named by its label, as the table names it, then its path (the console is the merger's own)
+    said = f"ramplus: Z ({qwen_bf16.path('Z')}) changes no weight"
+    assert any(r.getMessage().startswith(said) and "identical" in r.getMessage() for r in caplog.records)
     base, sds = inputs(qwen_bf16.path("base"), [qwen_bf16.path("Z")])
     rel.matches_reference(run.tensors, base, sds)
     for name, t in run.tensors.items():
