@@ -13,15 +13,11 @@ one line (verify's exit 3); a repository without `ram_stats.json`: `NotVerifiabl
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
 from mergekit_ram import folder_checks, output_checks
 from mergekit_ram.errors import NotVerifiable, Unreadable
 
-#: a Hub model id, `org/name` (huggingface_hub's `validate_repo_id`: letters, digits, `-`, `_`, `.`; no `--` or
-#: `..`, neither first nor last), then `@revision` (a branch, a tag, a commit)
-_REPO = re.compile(r"^(?!.*(--|\.\.))[\w][\w.-]{0,94}[\w]?/[\w](?:[\w.-]{0,94}[\w])?$", re.ASCII)
 #: what verify reads beside the weights, by name (the weights: `folder_checks.SINGLE`, `PICKLED` and their indexes)
 RECORDS = (output_checks.STATS_FILE, "mergekit_config.yml", "README.md", "config.json")
 
@@ -63,7 +59,13 @@ def parse(target: str) -> tuple[str, str] | None:
     if os.path.lexists(target):
         return None
     repository, _, revision = target.partition("@")
-    if not _REPO.match(repository) or (target.count("@") and not revision.strip()):
+    if repository.count("/") != 1 or (target.count("@") and not revision.strip()):
+        return None
+    from huggingface_hub.utils import validate_repo_id  # the Hub's own rule, as input_checks asks it
+
+    try:
+        validate_repo_id(repository)
+    except ValueError:
         return None
     return repository, revision or "main"
 

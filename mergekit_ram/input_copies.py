@@ -52,16 +52,11 @@ def local_copies(
     return {model: os.path.abspath(os.path.expanduser(local)) for model, (local, _) in found.items()}
 
 
-def input_pairs(recorded: dict, given: Iterable[str]) -> dict[str, str]:
-    """`--input RECORDED=LOCAL` values as recorded input -> local copy; RECORDED is a recorded name or a label.
-    A name may hold `=` (a sweep's folder, `runs/lr=1e-5,seed=1/agent`): each value is split after the name
-    it begins with, else at its first `=`. NotVerifiable (a usage error) for no `=`, a value two names could
-    begin, a name the record lacks, or one input mapped twice."""
-    return {model: local for model, (local, _) in _pairs(recorded, given).items()}
-
-
 def _pairs(recorded: dict, given: Iterable[str]) -> dict[str, tuple[str, str]]:
-    """`input_pairs`, each copy with the value that named it."""
+    """`--input RECORDED=LOCAL` values as recorded input -> (local copy, the value that named it); RECORDED is
+    a recorded name or a label. A name may hold `=` (a sweep's folder, `runs/lr=1e-5,seed=1/agent`): each value
+    is split after the name it begins with, else at its first `=`. NotVerifiable (a usage error) for no `=`, a
+    value two names could begin, a name the record lacks, or one input mapped twice."""
     known = sorted({name for row in recorded_inputs(recorded) for name in (row.model, row.label)})
     found: dict[str, tuple[str, str]] = {}
     for pair in given:

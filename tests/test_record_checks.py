@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from mergekit_ram import record_checks
-from mergekit_ram.input_copies import input_pairs, local_copies
+from mergekit_ram.input_copies import local_copies
 from mergekit_ram.record_checks import NotVerifiable, Unreadable
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
@@ -316,23 +316,23 @@ def test_input_pairs_split_after_a_recorded_name_holding_an_equals_sign(tmp_path
     report = recorded_report()
     report["inputs"]["A"]["model"] = sweep
     copy_ = tmp_path / "a=copy"
-    assert input_pairs(report, [f"{sweep}={copy_}"]) == {sweep: str(copy_)}
-    assert input_pairs(report, [f"B={copy_}"]) == {"/m/B": str(copy_)}  # split at the first = otherwise
+    assert local_copies(report, [f"{sweep}={copy_}"]) == {sweep: str(copy_)}
+    assert local_copies(report, [f"B={copy_}"]) == {"/m/B": str(copy_)}  # split at the first = otherwise
     with pytest.raises(NotVerifiable, match="records no input runs/lr"):
-        input_pairs(report, [f"runs/lr=1e-5,seed=2/agent={copy_}"])
+        local_copies(report, [f"runs/lr=1e-5,seed=2/agent={copy_}"])
     with pytest.raises(NotVerifiable, match="expected RECORDED=LOCAL"):
-        input_pairs(report, ["no-equals-sign"])
+        local_copies(report, ["no-equals-sign"])
 
 
 def test_input_pairs_refuse_one_input_mapped_twice(tmp_path):
     report = recorded_report()
     with pytest.raises(NotVerifiable, match=f"--input maps A twice \\({tmp_path}/x and {tmp_path}/y\\)"):
-        input_pairs(report, [f"A={tmp_path}/x", f"A={tmp_path}/y"])
+        local_copies(report, [f"A={tmp_path}/x", f"A={tmp_path}/y"])
     with pytest.raises(NotVerifiable, match=f"--input maps A twice \\({tmp_path}/x and {tmp_path}/y\\)"):
-        input_pairs(report, [f"/m/A={tmp_path}/x", f"A={tmp_path}/y"])  # its name, then its label
+        local_copies(report, [f"/m/A={tmp_path}/x", f"A={tmp_path}/y"])  # its name, then its label
     report["inputs"]["B"]["model"] = "A=b"  # "A=b=c" could be either input
     with pytest.raises(NotVerifiable, match="begins with two recorded inputs, A and A=b"):
-        input_pairs(report, ["A=b=c"])
+        local_copies(report, ["A=b=c"])
 
 
 def test_inputs_from_maps_every_input_recorded_under_a_folder(tmp_path):
