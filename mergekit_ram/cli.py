@@ -148,7 +148,7 @@ def _inspect(
     merge_config = inspection.config_of(yaml.safe_load(config.read_text(encoding="utf-8")))  # or mergekit-pytorch's
     done = inspection.inspect(merge_config, options, tensor_union=tensor_union, tensor_intersection=tensor_intersection)
     assert done.report is not None and done.stats is not None
-    found = report.relabel(done.report, r=r, alpha=alpha, lambda_rule=lambda_rule)  # lambda for the flags'
+    found = report.with_lambda_for(done.report, r=r, alpha=alpha, lambda_rule=lambda_rule)  # lambda for the flags'
     chosen, stats = found["parameters"], done.stats
     totals = stats.totals()
     labels = report.labels_of(found)

@@ -68,7 +68,7 @@ def read_report(folder: str) -> dict:
     return found
 
 
-def merge_record(report: dict) -> dict:
+def read_merge_record(report: dict) -> dict:
     """The report's `merge` record (format_version 1 and 2 have none: a run_merge with default options)."""
     record = report.get("merge")
     return dict(record) if isinstance(record, dict) else {"entry_point": "run_merge"}
@@ -321,7 +321,7 @@ def recorded_options(
     return options.model_copy(update={k: getattr(checked, k) for k in update}), notes, None
 
 
-def relabel(value: Any, labels: Mapping[str, str]) -> Any:
+def as_recorded(value: Any, labels: Mapping[str, str]) -> Any:
     """`value` (a report, or anything in it) with every model name in `labels` (now -> recorded) replaced."""
     return renamed(value, labels) if labels else value
 

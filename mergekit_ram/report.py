@@ -83,7 +83,7 @@ AGENT_DIAGNOSTICS = (
 )  # fmt: skip
 
 
-def merge_record(entry_point: str, options: Any, **extra: Any) -> dict[str, Any]:
+def run_record(entry_point: str, options: Any, **extra: Any) -> dict[str, Any]:
     """The `merge` record of a merge run through `entry_point` with mergekit's `options` (`extra`: what the entry
     point adds, e.g. mergekit-pytorch's config)."""
     recorded = {name: getattr(options, name) for name in RECORDED_OPTIONS if hasattr(options, name)}
@@ -171,7 +171,7 @@ def labels_of(report: dict) -> dict[str, str]:
     return {row["model"]: label for label, row in report["inputs"].items()}
 
 
-def relabel(report: dict, **chosen: Any) -> dict:
+def with_lambda_for(report: dict, **chosen: Any) -> dict:
     """A copy of `report` whose lambda is for other parameters (`r`, `alpha`, `lambda_rule`; None keeps the
     report's), from each agent's counted rho (the rho it used where none was counted). `report` is unchanged."""
     parameters = {**report["parameters"], **{k: v for k, v in chosen.items() if v is not None}}

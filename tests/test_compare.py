@@ -28,7 +28,7 @@ def test_the_public_names_are_where_they_were():
     assert all(hasattr(compare, name) for name in compare.__all__)
     assert {
         "Outcome", "dumps", "Difference", "compare", "bit_differences", "describe", "NotVerifiable", "Unreadable",
-        "InputCheck", "read_report", "merge_record", "damaged_weight_file", "stray_tensors", "plan_mismatches",
+        "InputCheck", "read_report", "read_merge_record", "damaged_weight_file", "stray_tensors", "plan_mismatches",
         "rho_mismatches", "check_identity", "recorded_inputs", "version_notes", "CONFIG_FILE", "READABLE",
     } <= set(compare.__all__)
 

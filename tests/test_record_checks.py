@@ -146,13 +146,13 @@ def test_read_report_data_errors(tmp_path, content, named):
     assert not issubclass(Unreadable, NotVerifiable) and not issubclass(NotVerifiable, Unreadable)
 
 
-def test_merge_record_of_each_format_version():
+def test_read_merge_record_of_each_format_version():
     report = recorded_report()
-    found = record_checks.merge_record(report)
+    found = record_checks.read_merge_record(report)
     assert found == report["merge"] and found is not report["merge"]  # a copy
     older = recorded_report(format_version=2)
     del older["merge"]
-    assert record_checks.merge_record(older) == {"entry_point": "run_merge"}
+    assert record_checks.read_merge_record(older) == {"entry_point": "run_merge"}
 
 
 # ---------------------------------------------------------------- the folder's weight files
@@ -379,9 +379,9 @@ def test_a_copy_is_checked_by_its_content_not_where_it_came_from():
     assert record_checks.check_identity("A", "agent", recorded, {"content_id": HASH}).status == "changed"  # revision
 
 
-def test_relabel_reaches_every_label():
+def test_as_recorded_reaches_every_label():
     found = {"agents": [{"model": "now"}], "pairs": [{"agents": ["now", "B"]}], "tensors": [{"counts": {"now": [1]}}]}
-    assert record_checks.relabel(found, {"now": "was"}) == {
+    assert record_checks.as_recorded(found, {"now": "was"}) == {
         "agents": [{"model": "was"}], "pairs": [{"agents": ["was", "B"]}], "tensors": [{"counts": {"was": [1]}}]
     }  # fmt: skip
 

@@ -439,7 +439,7 @@ def _report_with(rows, **parameters) -> dict:
 
 
 @pytest.mark.quick
-def test_relabel_returns_a_copy_with_lambda_for_other_parameters():
+def test_with_lambda_for_returns_a_copy_with_lambda_for_other_parameters():
     from mergekit_ram import report
 
     rows = [
@@ -450,7 +450,7 @@ def test_relabel_returns_a_copy_with_lambda_for_other_parameters():
     ]
     original = _report_with(rows)
     frozen = yaml.safe_dump(original)
-    found = report.relabel(original, r=0.2, alpha=1.0, lambda_rule=None)
+    found = report.with_lambda_for(original, r=0.2, alpha=1.0, lambda_rule=None)
     assert yaml.safe_dump(original) == frozen  # the published report is untouched
     assert found["parameters"] == {**original["parameters"], "r": 0.2, "alpha": 1.0}
     assert [row["lambda"] for row in found["agents"]] == [pytest.approx(1.2), pytest.approx(1.2), pytest.approx(1.1), None]
@@ -458,11 +458,11 @@ def test_relabel_returns_a_copy_with_lambda_for_other_parameters():
         {k: v for k, v in row.items() if k != "lambda"} for row in rows
     ]
     assert found["tensors"] is original["tensors"]  # what no lambda changes is shared, not copied
-    soft = report.relabel(original, r=0.3, lambda_rule="soft")
+    soft = report.with_lambda_for(original, r=0.3, lambda_rule="soft")
     assert soft["agents"][0]["lambda"] == pytest.approx(1 + 0.3 * 1.5 / 2.5) and soft["agents"][1]["lambda"] == 1.3
-    plain = report.relabel(original, r=0.0)
+    plain = report.with_lambda_for(original, r=0.0)
     assert [row["lambda"] for row in plain["agents"]] == [1.0, 1.0, 1.0, 1.0]  # plain RAM, counted or not
-    same = report.relabel(original)
+    same = report.with_lambda_for(original)
     assert same["parameters"] == original["parameters"]
     assert [row["lambda"] for row in same["agents"]] == [pytest.approx(1.15), pytest.approx(1.2), pytest.approx(1.05), None]
 

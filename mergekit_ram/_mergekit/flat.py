@@ -42,7 +42,7 @@ ENTRY_POINT = "mergekit-pytorch"
 
 def record(config: Any, options: Any, tensor_union: bool, tensor_intersection: bool) -> dict[str, Any]:
     """ram_stats.json's `merge` record of a `mergekit-pytorch` merge: what `verify` plans again."""
-    return report.merge_record(
+    return report.run_record(
         ENTRY_POINT,
         options,
         config=config.model_dump(mode="json", exclude_none=False),

@@ -37,7 +37,7 @@ def merge_session(config: Any, options: Any, *, record: dict | None = None, **se
     `MergePlanner`; `inspect` and `verify` of its configs): its record is `run_merge`'s with `options` (what
     `verify` merges with), or the one `verify` read (`record`); `settings`: the session's other fields."""
     if record is None:
-        record = report.merge_record("run_merge", options)
+        record = report.run_record("run_merge", options)
     return session.MergeSession(config=config, record=record, **settings)
 
 

@@ -75,7 +75,7 @@ def verify(
     except errors.Unreadable as error:
         outcome.error = " ".join(str(error).split())
         return outcome
-    record = record_checks.merge_record(recorded)
+    record = record_checks.read_merge_record(recorded)
     door = surface.FLAT if record.get("entry_point") == "mergekit-pytorch" else surface.MERGE
     problems = surface.problems(surface.PREPASS) + surface.problems(door) + surface.problems(surface.VERIFY)
     if problems:
@@ -158,9 +158,8 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
     if not resolved.inputs_unchanged(config, recorded, labels, outcome, copies, seen):
         return
     names = record_checks.recorded_labels(recorded, labels)
-    current = pipeline.merge_session(
-        config, options, record=record_checks.merge_record(recorded), mode="verify", fast_loading=True, labels=names
-    )
+    record = record_checks.read_merge_record(recorded)
+    current = pipeline.merge_session(config, options, record=record, mode="verify", fast_loading=True, labels=names)
     with active(current):
         try:
             pipeline.check_config(current)
@@ -169,7 +168,7 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
         try:
             input_checks.check_input_files(config)
             planner = plan(config, options)
-            planned = record_checks.relabel(_plan_report(tasks.of_planner(planner), names), labels)
+            planned = record_checks.as_recorded(_plan_report(tasks.of_planner(planner), names), labels)
             outcome.parameters = record_checks.plan_mismatches(recorded, planned)
             if outcome.parameters:
                 return
@@ -178,7 +177,7 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
             raise InputError(str(error) or type(error).__name__) from error
         assert current.report is not None
         outcome.statistics = current.source
-        outcome.parameters = record_checks.rho_mismatches(recorded, record_checks.relabel(current.report, labels))
+        outcome.parameters = record_checks.rho_mismatches(recorded, record_checks.as_recorded(current.report, labels))
         out_dtype = planner.config.out_dtype
         targets = [
             rerun.compare_task(folder, weight.name, task, weight.optional, weight.force_dtype or out_dtype)
@@ -189,7 +188,7 @@ def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[st
     published.check(
         folder,
         recorded,
-        record_checks.relabel({**current.report, "merge": recorded.get("merge")}, labels),
+        record_checks.as_recorded({**current.report, "merge": recorded.get("merge")}, labels),
         outcome,
         out_config=planner.out_model_config,
         merge_config=config,
@@ -239,7 +238,7 @@ def _verify_flat(
 
     stats = os.path.join(folder, "ram_stats.json")
     try:
-        config = RawPyTorchMergeConfig.model_validate(record_checks.relabel(record.get("config"), copies))
+        config = RawPyTorchMergeConfig.model_validate(record_checks.as_recorded(record.get("config"), copies))
     except Exception as error:
         raise errors.Unreadable(f"{stats}: its merge record holds no mergekit-pytorch config") from error
     if not resolves_to_ours(config.merge_method):
@@ -262,7 +261,7 @@ def _verify_flat(
             found = tasks.planned(plan, resolves_to_ours)
             if not found:
                 raise InputError("planning the mergekit-pytorch merge computed no RAM+ statistics")
-            now = record_checks.relabel(pipeline.identities(found[0][1], seen, plan.identity), labels)
+            now = record_checks.as_recorded(pipeline.identities(found[0][1], seen, plan.identity), labels)
             for label, name, role, identity in record_checks.recorded_inputs(recorded):
                 if name in now:
                     check = record_checks.check_identity(
@@ -273,7 +272,7 @@ def _verify_flat(
                 return
             outcome.checked.append(f"the identities of {len(outcome.inputs)} input(s)")
             outcome.parameters = record_checks.plan_mismatches(
-                recorded, record_checks.relabel(_plan_report(plan, names), labels), source="the recorded config"
+                recorded, record_checks.as_recorded(_plan_report(plan, names), labels), source="the recorded config"
             )
             if outcome.parameters:
                 return
@@ -288,7 +287,7 @@ def _verify_flat(
                 return
             raise InputError(str(error) or type(error).__name__) from error
         assert current.report is not None
-        found_report = record_checks.relabel(current.report, labels)
+        found_report = record_checks.as_recorded(current.report, labels)
         outcome.statistics = current.source
         outcome.parameters = record_checks.rho_mismatches(recorded, found_report)
         targets = [
