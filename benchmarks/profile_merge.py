@@ -62,7 +62,7 @@ def classify(stack: list[str]) -> str:
 
 
 # The statistics pass's files: the planned tasks as plain data and rho written back (_mergekit/tasks.py), the
-# counting on mergekit's executors (counting.py), their orchestration (`pipeline.prepare`'s frame only: `pipeline.merge`
+# counting on mergekit's executors (counting.py), their orchestration (`pipeline.prepare`'s frame only: `hooks._merge`
 # wraps the whole of run_merge). Older profiles still classify:
 # all three were _mergekit/planning.py before, and mergekit_ram/prepass.py before that (the profiles in results/R3).
 STATISTICS_FILES = (

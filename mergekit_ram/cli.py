@@ -282,8 +282,8 @@ def _verify(
         )
     except errors.NotVerifiable as error:
         raise _UsageError(str(error)) from error
-    except (errors.Unreadable, errors.InputError) as error:
-        message = " ".join(str(error).split())
+    except errors.CANNOT_CHECK as error:
+        message = errors.said(error)
         if as_json:  # the verdict's JSON (verdict imports torch: not for the one line alone)
             from mergekit_ram import verdict
 

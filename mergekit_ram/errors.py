@@ -85,12 +85,22 @@ class IncompatibleMergekit(RuntimeError):
     """mergekit's private surface is not what this release was built for."""
 
 
+#: what stops `verify` from checking a folder (its verdict "cannot check", exit 3), as against a usage error
+#: (`NotVerifiable`): the one choice `verification` and the command line both make
+CANNOT_CHECK: tuple[type[BaseException], ...] = (Unreadable, InputError, OSError)
+
+
+def said(error: BaseException) -> str:
+    """`error`'s message on one line (its type's name when it has none)."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def one_line(error: BaseException, prog: str | None = None) -> str | None:
     """The one line a command prints for `error`, or None when it would show a traceback (not a `RamError`: an
     error raised from one is the raiser's, with its own type and message)."""
     if not isinstance(error, RamError):
         return None
-    message = " ".join(str(error).split()) or type(error).__name__
+    message = said(error)
     prog = prog or os.path.basename(sys.argv[0] or "") or "mergekit"
     return f"{prog}: error: {message}"
 

@@ -10,6 +10,7 @@ their own, and nothing is stamped on mergekit's objects or kept in globals.
 from __future__ import annotations
 
 import contextlib
+import enum
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -31,18 +32,33 @@ class Planned:
     given_rho: Mapping[str, float | None]
 
 
+class Mode(enum.Enum):
+    """What a session runs: each mode is written once, over a door (`_mergekit/door.py`)."""
+
+    #: a merge through one of mergekit's doors: rho injected, the table printed, ram_stats.json written
+    MERGE = "merge"
+    #: `mergekit-ram inspect`: count only, always; nothing injected or written
+    INSPECT = "inspect"
+    #: `mergekit-ram verify`: a finished merge run again, rho injected, nothing printed or written
+    VERIFY = "verify"
+
+    @property
+    def injects(self) -> bool:
+        """Whether rho goes into the merge tasks (a merge, or verify running one again)."""
+        return self is not Mode.INSPECT
+
+
 @dataclass
 class MergeSession:
     """The state of one merge: what was asked, what the statistics pass found, what is left to write.
 
-    `mode`: "merge" (mergekit-yaml / run_merge), "inspect" (count only, always) or "verify" (a merge run
-    again by `mergekit-ram verify`: rho injected, nothing printed or written).
-    `check_parameters`: False when `inspect` plans another method's config as ramplus
+    Each door chooses the flags of its sessions in one place (`session()` of `_mergekit/door_yaml.py`,
+    `door_pytorch.py`). `check_parameters`: False when `inspect` plans another method's config as ramplus
     (its own parameters are not ours to judge).
     """
 
     config: Any
-    mode: str = "merge"
+    mode: Mode = Mode.MERGE
     check_parameters: bool = True
     config_checked: bool = False
     #: the planned ramplus tensors, as plain data

@@ -301,10 +301,10 @@ def planner_of(text: str, **options):
     from mergekit.config import MergeConfiguration
     from mergekit.options import MergeOptions
 
-    from mergekit_ram._mergekit import inspection
+    from mergekit_ram._mergekit import planner
 
     config = MergeConfiguration.model_validate(yaml.safe_load(text))
-    return inspection.plan(config, MergeOptions(**{"quiet": True, "copy_tokenizer": False, **options}))
+    return planner.plan(config, MergeOptions(**{"quiet": True, "copy_tokenizer": False, **options}))
 
 
 # ---------------------------------------------------------------- console scripts

@@ -16,6 +16,7 @@ import yaml
 from helpers import config_text, planner_of
 from mergekit_ram import config_checks, errors
 from mergekit_ram._mergekit import inspection, pipeline, surface
+from mergekit_ram.session import Mode
 
 
 def _config(text: str):
@@ -59,7 +60,7 @@ def test_the_config_is_checked_once_and_nothing_calls_back_through_the_planner(q
 
     assert surface.marked(MergePlanner._plan, surface.HOOKED)  # the wrapper is there: inspect goes round it
     done = inspection.inspect(_config(config_text(qwen_bf16, "AB")), _options())
-    assert done.report is not None and done.source == "computed" and done.mode == "inspect"
+    assert done.report is not None and done.source == "computed" and done.mode is Mode.INSPECT
     assert len(calls["config_checks"]) == 1 and len(calls["check_config"]) == 1
     assert len(calls["prepare"]) == 1
     stack = calls["prepare"][0]

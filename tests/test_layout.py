@@ -283,3 +283,37 @@ def test_no_module_global_holds_merge_state():
         }
         names = {g for n in rebinds for g in n.names}
         assert names <= allowed.get(name, set()), f"{name} rebinds globals {names}"
+
+
+#: the modules that build a `MergeSession`: each door chooses its sessions' flags in one place
+DOORS = {"mergekit_ram._mergekit.door_yaml", "mergekit_ram._mergekit.door_pytorch"}
+
+
+def _builds_sessions(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.Call)
+        and (getattr(node.func, "id", None) == "MergeSession" or getattr(node.func, "attr", None) == "MergeSession")
+        for node in ast.walk(tree)
+    )
+
+
+def test_only_the_doors_build_a_merge_session():
+    """A session's flags (mode, fast loading, inside run_merge, its record) are chosen by its door's `session()`,
+    once per door: no mode, hook or pipeline step builds one itself."""
+    builders = {name for name, tree in MODULES.items() if _builds_sessions(tree)}
+    assert builders == DOORS, f"modules that build a MergeSession: {sorted(builders)}"
+
+
+def test_each_door_has_what_the_modes_need():
+    """Every member of the `Door` protocol is on both doors, so a mode written once runs through either."""
+    from typing import get_type_hints
+
+    from mergekit_ram._mergekit import door, door_pytorch, door_yaml
+
+    members = {name for name in vars(door.Door) if not name.startswith("_")} | set(get_type_hints(door.Door))
+    for cls in (door_yaml.YamlDoor, door_pytorch.PytorchDoor):
+        built = cls.__new__(cls)
+        cls.__init__(built, None, None)  # type: ignore[misc]  # no config: only the attributes are read
+        missing = sorted(name for name in members if not hasattr(built, name))
+        assert not missing, f"{cls.__name__} lacks {missing}"
+    assert set(door.DOORS) == {door_yaml.ENTRY_POINT, door_pytorch.ENTRY_POINT}

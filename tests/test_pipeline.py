@@ -14,7 +14,7 @@ import pytest
 from helpers import config_text, planner_of, validate_schema
 from mergekit_ram import config_checks, report
 from mergekit_ram._mergekit import pipeline, surface, tasks
-from mergekit_ram.session import MergeSession
+from mergekit_ram.session import MergeSession, Mode
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 
@@ -68,7 +68,7 @@ def test_a_merge_without_need_for_rho_counts_nothing(qwen_bf16, capsys, caplog):
 
 def test_inspect_mode_counts_always_and_changes_no_task(qwen_bf16, capsys):
     planner = planner_of(config_text(qwen_bf16, "AB", parameters="r: 0"), quiet=False)
-    current = MergeSession(config=planner.config, mode="inspect")
+    current = MergeSession(config=planner.config, mode=Mode.INSPECT)
     pipeline.prepare(tasks.of_planner(planner), current)
     assert current.source == "computed" and current.stats is not None  # r = 0: inspect counts anyway
     assert all(set(rho.values()) == {None} for rho in _rho_given(planner).values())

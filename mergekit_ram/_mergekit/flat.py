@@ -1,7 +1,4 @@
-"""`mergekit-pytorch`'s planned tasks (`plan_flat_merge`) as a `tasks.Plan`: the second door.
-
-Its helpers live here too: the merge record `verify` plans again (`record`), the input files (`inputs`) and
-their checks before mergekit opens them (`check_inputs`).
+"""`mergekit-pytorch`'s planned tasks (`plan_flat_merge`) as a `tasks.Plan` (its door: `door_pytorch`).
 
 Each tensor's merge task sits in a `SaveTensor` that `FinalizeModel` waits for; inputs are
 `SimpleLoadTensor`s of single files (safetensors or a PyTorch pickle) identified by
@@ -29,55 +26,11 @@ from typing import Any
 
 from mergekit.graph import Task
 
-from mergekit_ram import cache, input_checks, report
-from mergekit_ram._mergekit.tasks import Plan, Row, header_entry, planned
+from mergekit_ram import cache, input_checks
+from mergekit_ram._mergekit.tasks import Plan, Row, Save, header_entry, planned
 from mergekit_ram.errors import RamError
-from mergekit_ram.session import MergeSession
 
 LOG = logging.getLogger("mergekit_ram")
-
-#: ram_stats.json's entry point of a `mergekit-pytorch` merge
-ENTRY_POINT = "mergekit-pytorch"
-
-
-def record(config: Any, options: Any, tensor_union: bool, tensor_intersection: bool) -> dict[str, Any]:
-    """ram_stats.json's `merge` record of a `mergekit-pytorch` merge: what `verify` plans again."""
-    return report.run_record(
-        ENTRY_POINT,
-        options,
-        config=config.model_dump(mode="json", exclude_none=False),
-        tensor_union=bool(tensor_union),
-        tensor_intersection=bool(tensor_intersection),
-    )
-
-
-def merge_session(
-    config: Any,
-    options: Any,
-    tensor_union: bool,
-    tensor_intersection: bool,
-    *,
-    recorded: dict | None = None,
-    **settings: Any,
-) -> MergeSession:
-    """The `MergeSession` of the second door (`mergekit-pytorch`; `inspect` and `verify` of its configs), its
-    tensors loaded in linear time: its record is `record`'s, or the one `verify` read (`recorded`)."""
-    merged = record(config, options, tensor_union, tensor_intersection) if recorded is None else recorded
-    return MergeSession(config=config, fast_loading=True, record=merged, **settings)
-
-
-def inputs(config: Any) -> list[str]:
-    """The input files of a `mergekit-pytorch` config, as written, each once (the models', then the base)."""
-    paths = [m.model for m in config.models] + ([config.base_model] if config.base_model else [])
-    return list(dict.fromkeys(paths))
-
-
-def check_inputs(config: Any) -> None:
-    """Each input file, before mergekit opens it: there, a file, an intact safetensors or a weights-only pickle
-    of tensors; then the integer buffers the files share, equal in each."""
-    for path in inputs(config):
-        input_checks.check_input_file(path)
-    input_checks.check_integer_buffers(sorted(inputs(config), key=lambda path: path != config.base_model))
 
 
 class FlatPlan(Plan):
@@ -132,6 +85,11 @@ class FlatPlan(Plan):
 
     def identity(self, model: Any) -> dict:
         return cache.file_identity(model.model.path)
+
+    def saves(self) -> list[Save]:
+        from mergekit.io.tasks import SaveTensor
+
+        return [(t.tensor_name, t.tensor_task, t.optional, t.dtype) for t in self.tasks() if isinstance(t, SaveTensor)]
 
     def _settle(self, ours: Callable[[str], bool]) -> None:
         """The rule for tensors some inputs lack (module docstring), before any tensor is read."""

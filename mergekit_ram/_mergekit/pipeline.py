@@ -4,15 +4,11 @@ RAM+'s rho_t is a whole-model quantity, but mergekit merges one tensor at a time
 mergekit has planned the tensors, `prepare` turns the planned `ramplus` tasks into plain data
 (`tasks`), checks what the models store, counts every planned tensor or takes the counts from
 the cache (`counting`), hands each merge task its agents' rho and keeps the report in the
-`MergeSession`. `ram_stats.json` is written after the model (`merge`, `queue_statistics`).
-`hooks` calls in here from mergekit's wrapped functions; `inspection` runs `prepare` without
-merging.
+`MergeSession`. `ram_stats.json` is written after the model (`queue_statistics`).
 
-Both of mergekit's doors take the one path: `prepare` works on a `tasks.Plan`, a
-`MergePlanner`'s (`mergekit-yaml`, `run_merge`) or the task list of `mergekit-pytorch`'s
-`plan_flat_merge` (`plan_flat`: single-file inputs checked (`flat.check_inputs`), the output folder's policy,
-statistics, then `ram_stats.json` queued as a task after mergekit's `FinalizeModel`). `verify` and `inspect`
-plan downhill themselves and call `prepare`.
+It knows no door: `prepare` works on a `tasks.Plan`, a `MergePlanner`'s (`door_yaml`) or the task list
+of `mergekit-pytorch`'s `plan_flat_merge` (`door_pytorch`), in whatever mode the session runs: `hooks`
+merges through either door, `inspection` and `verification` plan downhill themselves and call `prepare`.
 """
 
 from __future__ import annotations
@@ -20,25 +16,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from mergekit.graph import Task
 
 from mergekit_ram import config_checks, files, input_checks, output_checks, report, session, tables
-from mergekit_ram._mergekit import counting, flat, loading, tasks
+from mergekit_ram._mergekit import counting, tasks
 from mergekit_ram.method import resolves_to_ours
 
 LOG = logging.getLogger("mergekit_ram")
-
-
-def merge_session(config: Any, options: Any, *, record: dict | None = None, **settings: Any) -> session.MergeSession:
-    """The `MergeSession` of the first door (`mergekit-yaml`, `mergekit-multi`, `run_merge`, a driven
-    `MergePlanner`; `inspect` and `verify` of its configs): its record is `run_merge`'s with `options` (what
-    `verify` merges with), or the one `verify` read (`record`); `settings`: the session's other fields."""
-    if record is None:
-        record = report.run_record("run_merge", options)
-    return session.MergeSession(config=config, record=record, **settings)
 
 
 def check_config(current: session.MergeSession) -> None:
@@ -46,15 +32,6 @@ def check_config(current: session.MergeSession) -> None:
     if not current.config_checked:
         config_checks.check_config(current.config, parameters=current.check_parameters)
         current.config_checked = True
-
-
-def check_inputs(config: Any, options: Any, *, card: bool) -> None:
-    """Input models there (a folder, or a hub id the hub knows) and their files, before mergekit opens them; a
-    config mergekit can write into the card (`card`)."""
-    input_checks.check_input_paths(config, getattr(options, "transformers_cache", None))
-    if card:
-        output_checks.check_config_serialisable(config)
-    input_checks.check_input_files(config)
 
 
 def prepare(plan: tasks.Plan, current: session.MergeSession, seen: dict[str, dict] | None = None) -> None:
@@ -73,7 +50,7 @@ def prepare(plan: tasks.Plan, current: session.MergeSession, seen: dict[str, dic
     planned = [t for t in planned if t.output_weight.name not in tied]  # a tied pair is counted once
     current.planned = [tasks.summary(task) for task in planned]
     needs = tasks.needing_rho(planned)
-    merging = current.mode != "inspect"  # a merge, or verify running one again: rho injected
+    merging = current.mode.injects  # a merge, or verify running one again
     seen = {} if seen is None else seen  # each input's identity, read once (cache key and report)
     counts = counting.statistics_of(
         plan.options, planned, seen, compute=bool(needs) or not merging, identify=plan.identity
@@ -92,7 +69,7 @@ def prepare(plan: tasks.Plan, current: session.MergeSession, seen: dict[str, dic
         tied=tied,
         record=current.record,
     )
-    if current.stats is not None and current.mode == "merge":
+    if current.stats is not None and current.mode is session.Mode.MERGE:
         _tell(current, plan.options, quiet_table=not needs)
 
 
@@ -134,39 +111,8 @@ def _tell(current: session.MergeSession, options: Any, *, quiet_table: bool) -> 
 
 
 # --------------------------------------------------------------------------- #
-# One ramplus run_merge, and ram_stats.json
+# ram_stats.json, written last
 # --------------------------------------------------------------------------- #
-def merge(run_merge: Callable[..., Any], merge_config: Any, *args: Any, **kwargs: Any) -> Any:
-    """mergekit's `run_merge` of a `ramplus` config as one `MergeSession`: device flags and input files checked
-    first, tensors loaded in linear time, an earlier merge's stale weights removed, `ram_stats.json` written last."""
-    out_path = args[0] if args else kwargs.get("out_path")
-    options = args[1] if len(args) > 1 else kwargs.get("options")
-    config_source = args[2] if len(args) > 2 else kwargs.get("config_source")
-    current = merge_session(merge_config, options, in_run_merge=True, fast_loading=True)
-    with session.active(current):
-        config_checks.check_devices(options)
-        check_inputs(merge_config, options, card=config_source is None and getattr(options, "write_model_card", False))
-        loading.install()  # linear-time tensor loading, for this merge only (fast_loading)
-        try:
-            before = output_checks.weight_files(out_path)
-            result = run_merge(merge_config, *args, **kwargs)
-            output_checks.remove_stale_weights(out_path, before)
-            for folder, payload in current.pending:  # last: the marker of a finished merge
-                write_statistics(folder, payload)
-            return result
-        except BaseException as error:
-            if out_path and os.path.isdir(out_path) and current.pending:
-                LOG.error(
-                    "mergekit-ram: the merge into %s stopped (%s: %s); the folder holds an incomplete model "
-                    "(a finished ramplus merge ends by writing %s)",
-                    out_path,
-                    type(error).__name__,
-                    error,
-                    output_checks.STATS_FILE,
-                )
-            raise
-
-
 class WriteStatistics(Task[None]):
     """Writes ram_stats.json after the model itself has been written (a planner driven without run_merge,
     `mergekit-pytorch`); first removes the weight files in `stale` (name -> what `output_checks.weight_files`
@@ -211,40 +157,6 @@ def queue_statistics(
         finalize = next(t for t in planned if isinstance(t, FinalizeModel))
         before = tuple(sorted((stale or {}).items()))
         planned.append(WriteStatistics(out_path=out_path, payload=payload, after=finalize, stale=before))
-
-
-# --------------------------------------------------------------------------- #
-# mergekit-pytorch: one plan_flat_merge of a ramplus config
-# --------------------------------------------------------------------------- #
-def plan_flat(
-    plan_flat_merge: Callable[..., list[Any]],
-    config: Any,
-    out_path: str,
-    tensor_union: bool,
-    tensor_intersection: bool,
-    options: Any,
-) -> list[Any]:
-    """mergekit's `plan_flat_merge` of a `ramplus` config as one `MergeSession`: config, devices, input files and
-    output folder checked before any file is opened, planned by mergekit, counted (or from the cache), rho in
-    every merge task, the table printed; `ram_stats.json` (and the removal of an earlier merge's stale weight
-    files) a task after mergekit's `FinalizeModel`."""
-    current = flat.merge_session(config, options, tensor_union, tensor_intersection)
-    with session.active(current):
-        check_config(current)
-        config_checks.check_devices(options)
-        flat.check_inputs(config)
-        output_checks.check_output_files(flat.inputs(config), out_path)
-        output_checks.remove_stale_statistics(out_path)
-        before = output_checks.weight_files(out_path)
-        loading.install()  # linear-time tensor loading, while this session is current (the statistics pass)
-        with flat.planning(options):
-            planned_flat = plan_flat_merge(config, out_path, tensor_union, tensor_intersection, options)
-        plan = flat.of_flat(planned_flat, config, options, resolves_to_ours, intersection=tensor_intersection)
-        prepare(plan, current)
-        planned = plan.tasks()
-        if current.report is not None:
-            queue_statistics(current, planned, out_path, before)
-    return planned
 
 
 def write_statistics(out_path: str, payload: str) -> None:

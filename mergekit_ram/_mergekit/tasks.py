@@ -33,6 +33,8 @@ LOG = logging.getLogger("mergekit_ram")
 #: One stored row of a planned tensor, what `input_checks.check_stored_tensors` reads:
 #: (name, base, whether vocabulary-aligned, model -> (dtype, shape) as stored or None when absent)
 Row = tuple[str, str, bool, dict[str, input_checks.Stored]]
+#: (tensor name, its merge task, optional, the dtype it is saved in): where mergekit saves one tensor
+Save = tuple[str, Any, bool, str | None]
 
 
 class Plan:
@@ -60,6 +62,10 @@ class Plan:
 
     def identity(self, model: Any) -> dict:
         """What identifies `model`'s weights without reading them (`cache.folder_identity` / `file_identity`)."""
+        raise NotImplementedError
+
+    def saves(self) -> list[Save]:
+        """(tensor, task, optional, dtype) where mergekit would save each tensor: what `verify` compares."""
         raise NotImplementedError
 
 
@@ -93,6 +99,10 @@ class _PlannerPlan(Plan):
         from mergekit.io.tasks import LoaderCache
 
         return cache.folder_identity(LoaderCache().get(model).index.base_path)
+
+    def saves(self) -> list[Save]:
+        out_dtype = self.planner.config.out_dtype
+        return [(w.name, task, w.optional, w.force_dtype or out_dtype) for w, task in surface.planned(self.planner)]
 
 
 def of_planner(planner: Any) -> Plan:

@@ -5,12 +5,14 @@ allows (regular files inside it, JSON and YAML bounded), and its record is evide
 (`record_checks.recorded_options`: no recorded option that lets code run takes effect without the user's flag).
 From the folder alone (`ram_stats.json` and, for `run_merge`, mergekit's `mergekit_config.yml`):
 
-1. the inputs are resolved as mergekit resolves them (`resolved`: a hub id at the revision recorded for it,
-   a local copy the user names, `input_copies`) and their identities (`report.public_identity`) checked against
-   the recorded ones: a changed or missing input is named, and the folder cannot be checked;
-2. the config is planned as mergekit plans it, downhill like `inspect` (`planner.plan`, or for a
-   `mergekit-pytorch` record `surface.plan_flat_as_mergekit` + `flat.of_flat`, with the recorded options
-   that change what is merged), and what it plans is checked against `ram_stats.json`
+One body over the door the record names (`door.of_record`: `door_yaml` reads `mergekit_config.yml`,
+`door_pytorch` the record's own config):
+
+1. the inputs are resolved as mergekit resolves them (a hub id at the revision recorded for it, a local copy
+   the user names, `input_copies`) and their identities (`report.public_identity`) checked against the
+   recorded ones: a changed or missing input is named, and the folder cannot be checked;
+2. the config is planned as mergekit plans it, downhill like `inspect` (the door's `plan`, with the recorded
+   options that change what is merged), and what it plans is checked against `ram_stats.json`
    (`record_checks.plan_mismatches`): an edited parameter is named, and nothing is recomputed;
 3. the merge runs again through the pipeline of a merge (`pipeline.prepare`: rho from the statistics
    cache when it holds the counts, else counted in memory, and injected), on the executor `run_merge` would
@@ -42,11 +44,10 @@ from mergekit_ram import (
     verdict,
     versions,
 )
-from mergekit_ram._mergekit import flat, loading, pipeline, published, rerun, resolved, surface, tasks
-from mergekit_ram._mergekit.planner import plan
+from mergekit_ram._mergekit import door, loading, pipeline, published, rerun, surface, tasks
 from mergekit_ram.errors import InputError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
-from mergekit_ram.session import active
+from mergekit_ram.session import Mode, active
 
 
 def verify(
@@ -73,11 +74,11 @@ def verify(
     try:
         recorded = record_checks.read_report(folder)
     except errors.Unreadable as error:
-        outcome.error = " ".join(str(error).split())
+        outcome.error = errors.said(error)
         return outcome
     record = record_checks.read_merge_record(recorded)
-    door = surface.FLAT if record.get("entry_point") == "mergekit-pytorch" else surface.MERGE
-    problems = surface.problems(surface.PREPASS) + surface.problems(door) + surface.problems(surface.VERIFY)
+    names = door.DOORS.get(str(record.get("entry_point")), door.DOORS["run_merge"]).names
+    problems = surface.problems(surface.PREPASS) + surface.problems(names) + surface.problems(surface.VERIFY)
     if problems:
         raise errors.NotVerifiable("mergekit-ram cannot verify: " + "; ".join(problems))
     copies = input_copies.local_copies(recorded, inputs, parents=inputs_from, folder=input_dir)
@@ -87,10 +88,10 @@ def verify(
     with cachedir.read_only():  # nothing written: no statistics cache entry, no kernel build
         try:
             _verify(folder, recorded, record, options, trust_remote_code, copies, outcome)
-        except (errors.Unreadable, InputError, OSError) as error:
-            outcome.error = " ".join(str(error).split()) or type(error).__name__
+        except errors.CANNOT_CHECK as error:
+            outcome.error = errors.said(error)
         except MemoryError as error:  # an address-space limit (ulimit -v) below what mapping a file needs
-            outcome.error = f"out of memory while checking {folder} ({' '.join(str(error).split()) or 'MemoryError'})"
+            outcome.error = f"out of memory while checking {folder} ({errors.said(error)})"
     if published is not None:  # the files verify did not fetch
         files, blocked, unread = published.unfetched(bool((record.get("options") or {}).get("trust_remote_code")))
         outcome.files += files
@@ -124,92 +125,68 @@ def _verify(
         return
     config_checks.check_devices(options)
     loading.install()
-    if record.get("entry_point") == "run_merge":
-        _verify_run_merge(folder, recorded, options, copies, outcome)
-    elif record.get("entry_point") == "mergekit-pytorch":
-        _verify_flat(folder, recorded, record, options, copies, outcome)
-    else:
-        raise errors.NotVerifiable(
-            f"{os.path.join(folder, 'ram_stats.json')} records entry point {record.get('entry_point')!r}, "
-            "which this mergekit-ram cannot run again (upgrade mergekit-ram)"
-        )
+    _run_again(door.of_record(folder, recorded, record, options, copies), folder, recorded, copies, outcome)
 
 
-# --------------------------------------------------------------------------- #
-# mergekit-yaml, mergekit-multi, run_merge: mergekit_config.yml
-# --------------------------------------------------------------------------- #
-def _verify_run_merge(folder: str, recorded: dict, options: Any, copies: dict[str, str], outcome: Any) -> None:
-    from mergekit.io.tasks import LoaderCache
-
-    path = os.path.join(folder, record_checks.CONFIG_FILE)
-    if not os.path.lexists(path):
-        raise errors.NotVerifiable(
-            f"{folder} holds no {record_checks.CONFIG_FILE}, which says what was merged (mergekit writes it with the "
-            "model card; was it merged with --no-write-model-card?)"
-        )
-    config = _read_config(folder)
-    if not resolves_to_ours(config.merge_method):
-        raise errors.NotVerifiable(f"{path} merges with {config.merge_method!r}; verify checks ramplus merges")
-    config, labels = resolved.pinned(config, recorded, copies)
-    surface.forget_loaders([rerun.reference(folder), *config.referenced_models()])  # read as the files are now
+def _run_again(through: door.Door, folder: str, recorded: dict, copies: dict[str, str], outcome: Any) -> None:
+    """The merge run again through its door, each tensor compared where mergekit would save it; then the files
+    beside the weights."""
+    surface.forget_loaders([rerun.reference(folder)])  # read as the files are now
     index = rerun.published_index(folder)
-    LoaderCache().setup(options=options)
+    names = record_checks.recorded_labels(recorded, through.labels)
+    current = through.session(Mode.VERIFY, labels=names)
     seen: dict[str, dict] = {}  # each input's identity, read once (here, then the statistics pass)
-    if not resolved.inputs_unchanged(config, recorded, labels, outcome, copies, seen):
-        return
-    names = record_checks.recorded_labels(recorded, labels)
-    record = record_checks.read_merge_record(recorded)
-    current = pipeline.merge_session(config, options, record=record, mode="verify", fast_loading=True, labels=names)
     with active(current):
         try:
             pipeline.check_config(current)
         except ValueError as error:
-            raise InputError(f"{path}: {error}") from error
+            raise InputError(f"{through.where}: {error}") from error
         try:
-            input_checks.check_input_files(config)
-            planner = plan(config, options)
-            planned = record_checks.as_recorded(_plan_report(tasks.of_planner(planner), names), labels)
-            outcome.parameters = record_checks.plan_mismatches(recorded, planned)
+            through.check_files()  # before anything opens one: no FIFO or device is read
+        except ValueError as error:
+            raise errors.Unreadable(str(error)) from error
+        if not _inputs_unchanged(through, recorded, copies, outcome, seen):
+            return
+        try:
+            plan = through.plan()
+            planned = record_checks.as_recorded(_plan_report(plan, names), through.labels)
+            outcome.parameters = record_checks.plan_mismatches(recorded, planned, source=through.planned_from)
             if outcome.parameters:
                 return
-            pipeline.prepare(tasks.of_planner(planner), current, seen)
+            pipeline.prepare(plan, current, seen)
         except (OSError, ValueError) as error:
-            raise InputError(str(error) or type(error).__name__) from error
+            raise InputError(errors.said(error)) from error
         assert current.report is not None
+        found = record_checks.as_recorded({**current.report, "merge": recorded.get("merge")}, through.labels)
         outcome.statistics = current.source
-        outcome.parameters = record_checks.rho_mismatches(recorded, record_checks.as_recorded(current.report, labels))
-        out_dtype = planner.config.out_dtype
-        targets = [
-            rerun.compare_task(folder, weight.name, task, weight.optional, weight.force_dtype or out_dtype)
-            for weight, task in surface.planned(planner)
-        ]
-        rerun.run(targets, index, folder, options, outcome)
-    donor = config.base_model or config.referenced_models()[0]
-    published.check(
-        folder,
-        recorded,
-        record_checks.as_recorded({**current.report, "merge": recorded.get("merge")}, labels),
-        outcome,
-        out_config=planner.out_model_config,
-        merge_config=config,
-        donor=LoaderCache().get(donor).index.base_path if donor.lora is None else None,
-        code=bool(options.trust_remote_code),
-    )
+        outcome.parameters = record_checks.rho_mismatches(recorded, found)
+        targets = [rerun.compare_task(folder, *save) for save in plan.saves()]
+        rerun.run(targets, index, folder, through.options, outcome)
+    published.check(folder, recorded, found, outcome, **through.published(plan))
 
 
-def _read_config(folder: str) -> Any:
-    from mergekit.config import MergeConfiguration
-    from pydantic import ValidationError
-
-    path = os.path.join(folder, record_checks.CONFIG_FILE)
-    found = folder_checks.read_yaml(folder, record_checks.CONFIG_FILE)
-    try:
-        return MergeConfiguration.model_validate(found)
-    except ValidationError as error:  # pydantic's or mergekit's own checks: said without the file's values
-        message = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())[:500]
-    except Exception as error:
-        message = type(error).__name__
-    raise errors.Unreadable(f"{path} is not a mergekit config mergekit can read: {message}")
+def _inputs_unchanged(
+    through: door.Door, recorded: dict, copies: dict[str, str], outcome: verdict.Outcome, seen: dict[str, dict]
+) -> bool:
+    """Resolve every input the config names and the report records (as mergekit does), and check its identity
+    (kept in `seen`, for the statistics pass: each identity read once)."""
+    models = through.models()
+    for label, name, role, identity in record_checks.recorded_inputs(recorded):
+        model = models.get(name)
+        if model is None:
+            continue  # the config names other inputs: the plan check says so
+        try:
+            found = report.public_identity(through.identity(model, seen))
+        except Exception as error:
+            detail = errors.said(error)[:300]
+            outcome.inputs.append(record_checks.InputCheck(name, role, "missing", identity, None, detail, label=label))
+            continue
+        check = record_checks.check_identity(name, role, identity, found, copy=copies.get(name), label=label)
+        outcome.inputs.append(check)
+    checked = [check for check in outcome.inputs if check.status == "same"]
+    if checked:
+        outcome.checked.append(f"the identities of {len(checked)} input(s)")
+    return not any(check.status in ("changed", "missing") for check in outcome.inputs)
 
 
 def _plan_report(plan: tasks.Plan, labels: dict[str, str]) -> dict:
@@ -222,78 +199,3 @@ def _plan_report(plan: tasks.Plan, labels: dict[str, str]) -> dict:
     tied = tasks.tied_copies(plan.out_model_config, planned)
     summaries = [tasks.summary(task) for task in planned if task.output_weight.name not in tied]
     return report.build(None, summaries, source="not computed", identities={}, labels=labels, tied=tied)
-
-
-# --------------------------------------------------------------------------- #
-# mergekit-pytorch: the record's config
-# --------------------------------------------------------------------------- #
-def _verify_flat(
-    folder: str, recorded: dict, record: dict, options: Any, copies: dict[str, str], outcome: verdict.Outcome
-) -> None:
-    """A `mergekit-pytorch` folder: its config is the record's, planned downhill as `inspect` plans it
-    (`surface.plan_flat_as_mergekit`); its inputs are files, their identities and the plan checked before
-    anything is counted."""
-    from mergekit.io.tasks import SaveTensor
-    from mergekit.scripts.merge_raw_pytorch import RawPyTorchMergeConfig
-
-    stats = os.path.join(folder, "ram_stats.json")
-    try:
-        config = RawPyTorchMergeConfig.model_validate(record_checks.as_recorded(record.get("config"), copies))
-    except Exception as error:
-        raise errors.Unreadable(f"{stats}: its merge record holds no mergekit-pytorch config") from error
-    if not resolves_to_ours(config.merge_method):
-        raise errors.NotVerifiable(f"{stats} records a {config.merge_method!r} merge; verify checks ramplus merges")
-    labels = {local: name for name, local in copies.items()}
-    names = record_checks.recorded_labels(recorded, labels)
-    # read as the files are now (mergekit-pytorch has its own loaders)
-    surface.forget_loaders([rerun.reference(folder)])
-    index = rerun.published_index(folder)
-    union, intersection = bool(record.get("tensor_union")), bool(record.get("tensor_intersection"))
-    current = flat.merge_session(config, options, union, intersection, recorded=record, mode="verify", labels=names)
-    seen: dict[str, dict] = {}  # each input's identity, read once (here, then the statistics pass)
-    with active(current):
-        try:
-            pipeline.check_config(current)
-            flat.check_inputs(config)
-            with flat.planning(options):  # planned into a writer that never runs: nothing is written
-                planned = surface.plan_flat_as_mergekit(config, union, intersection, options)
-            plan = flat.of_flat(planned, config, options, resolves_to_ours, intersection=intersection)
-            found = tasks.planned(plan, resolves_to_ours)
-            if not found:
-                raise InputError("planning the mergekit-pytorch merge computed no RAM+ statistics")
-            now = record_checks.as_recorded(pipeline.identities(found[0][1], seen, plan.identity), labels)
-            for label, name, role, identity in record_checks.recorded_inputs(recorded):
-                if name in now:
-                    check = record_checks.check_identity(
-                        name, role, identity, now[name], copy=copies.get(name), label=label
-                    )
-                    outcome.inputs.append(check)
-            if any(check.status != "same" and check.status != "not recorded" for check in outcome.inputs):
-                return
-            outcome.checked.append(f"the identities of {len(outcome.inputs)} input(s)")
-            outcome.parameters = record_checks.plan_mismatches(
-                recorded, record_checks.as_recorded(_plan_report(plan, names), labels), source="the recorded config"
-            )
-            if outcome.parameters:
-                return
-            pipeline.prepare(plan, current, seen)
-        except (OSError, ValueError) as error:
-            missing = [p for p in flat.inputs(config) if not os.path.exists(p)]
-            if missing:
-                was = labels.get(missing[0], missing[0])
-                role = {row.model: row.role for row in record_checks.recorded_inputs(recorded)}.get(was, "input")
-                outcome.cannot_check.append(f"input {names.get(was, was)} ({was}, {role}) cannot be read: no such "
-                                            f"file{input_copies.missing_hint(copies)}")  # fmt: skip
-                return
-            raise InputError(str(error) or type(error).__name__) from error
-        assert current.report is not None
-        found_report = record_checks.as_recorded(current.report, labels)
-        outcome.statistics = current.source
-        outcome.parameters = record_checks.rho_mismatches(recorded, found_report)
-        targets = [
-            rerun.compare_task(folder, save.tensor_name, save.tensor_task, save.optional, save.dtype)
-            for save in plan.tasks()
-            if isinstance(save, SaveTensor)
-        ]
-        rerun.run(targets, index, folder, options, outcome)
-    published.check(folder, recorded, found_report, outcome)

@@ -1,0 +1,194 @@
+"""The first door (`door.Door`): `mergekit-yaml`, `mergekit-multi`, `run_merge` and a `MergePlanner` driven by hand.
+
+Its inputs are model folders or hub ids, which mergekit's `LoaderCache` resolves; its plan is a `MergePlanner`'s
+(`planner.plan`: run_merge's preamble, mergekit alone); mergekit writes the merge's config, card and tokenizer
+beside the weights. Built from a config (a merge, `inspect`), or from a finished merge's folder (`verify`:
+its `mergekit_config.yml`, each input read where the user's copy is, `input_copies`, or a hub id at the revision
+the merge read, `pinned`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from mergekit_ram import errors, folder_checks, input_checks, input_copies, output_checks, record_checks, report
+from mergekit_ram._mergekit import counting, planner, surface, tasks
+from mergekit_ram.method import resolves_to_ours
+from mergekit_ram.session import MergeSession, Mode
+
+#: ram_stats.json's entry point of a merge through this door
+ENTRY_POINT = "run_merge"
+
+
+class YamlDoor:
+    """`run_merge`: inside mergekit's `run_merge` (its wrapper: ram_stats.json written after it returns, tensors
+    loaded in linear time), else a planner driven by hand, `inspect` or `verify`; `card`: mergekit writes the
+    config into the card (it must be one it can write)."""
+
+    entry_point = ENTRY_POINT
+    names = surface.MERGE
+
+    def __init__(
+        self,
+        config: Any,
+        options: Any,
+        *,
+        run_merge: bool = False,
+        card: bool = False,
+        record: dict | None = None,
+        labels: Mapping[str, str] | None = None,
+        copies: Mapping[str, str] | None = None,
+        where: str = record_checks.CONFIG_FILE,
+    ):
+        self.config, self.options = config, options
+        self.run_merge, self.card = run_merge, card
+        self.record = record
+        self.labels: Mapping[str, str] = labels or {}
+        self.copies: Mapping[str, str] = copies or {}
+        self.where, self.planned_from = where, record_checks.CONFIG_FILE
+
+    @classmethod
+    def of_config(cls, config: Any, options: Any, tensor_union: bool = False, tensor_intersection: bool = False):
+        """`inspect` of a config: this door takes neither of `mergekit-pytorch`'s flags."""
+        if tensor_union or tensor_intersection:
+            raise errors.RamError(
+                "--tensor-union and --tensor-intersection are mergekit-pytorch's: they apply to a config whose "
+                "models are files"
+            )
+        return cls(config, options)
+
+    @classmethod
+    def of_record(cls, folder: str, recorded: dict, record: dict, options: Any, copies: Mapping[str, str]):
+        """The merge in `folder` as its `mergekit_config.yml` says (`verify`), each input where it is read now."""
+        path = os.path.join(folder, record_checks.CONFIG_FILE)
+        if not os.path.lexists(path):
+            raise errors.NotVerifiable(
+                f"{folder} holds no {record_checks.CONFIG_FILE}, which says what was merged (mergekit writes it "
+                "with the model card; was it merged with --no-write-model-card?)"
+            )
+        config = _read_config(folder)
+        if not resolves_to_ours(config.merge_method):
+            raise errors.NotVerifiable(f"{path} merges with {config.merge_method!r}; verify checks ramplus merges")
+        config, labels = pinned(config, recorded, copies)
+        surface.forget_loaders(config.referenced_models())  # read as the files are now
+        from mergekit.io.tasks import LoaderCache
+
+        LoaderCache().setup(options=options)
+        return cls(config, options, record=record, labels=labels, copies=copies, where=path)
+
+    def session(
+        self, mode: Mode, *, check_parameters: bool = True, labels: Mapping[str, str] | None = None
+    ) -> MergeSession:
+        record = self.record if self.record is not None else report.run_record(ENTRY_POINT, self.options)
+        return MergeSession(
+            config=self.config,
+            mode=mode,
+            check_parameters=check_parameters,
+            labels=labels or {},
+            record=record,
+            in_run_merge=self.run_merge,
+            fast_loading=self.run_merge or mode is not Mode.MERGE,  # a planner driven by hand loads as mergekit does
+        )
+
+    def check_inputs(self) -> None:
+        input_checks.check_input_paths(self.config, getattr(self.options, "transformers_cache", None))
+        if self.card:
+            output_checks.check_config_serialisable(self.config)
+        self.check_files()
+
+    def check_files(self) -> None:
+        input_checks.check_input_files(self.config)
+
+    def plan(self) -> tasks.Plan:
+        return tasks.of_planner(planner.plan(self.config, self.options))
+
+    def models(self) -> dict[str, Any]:
+        return {self.labels.get(str(m), str(m)): m for m in self.config.referenced_models()}
+
+    def identity(self, model: Any, seen: dict[str, dict]) -> dict:
+        from mergekit.io.tasks import LoaderCache
+
+        path = model.model.path
+        if os.path.isabs(path) and not os.path.exists(path):
+            raise FileNotFoundError(f"no such folder: {path}{input_copies.missing_hint(self.copies)}")
+        LoaderCache().get(model)
+        return counting.identity(model, seen)
+
+    def published(self, plan: tasks.Plan) -> dict[str, Any]:
+        from mergekit.io.tasks import LoaderCache
+
+        donor = self.config.base_model or self.config.referenced_models()[0]
+        return {
+            "out_config": plan.out_model_config,
+            "merge_config": self.config,
+            "donor": LoaderCache().get(donor).index.base_path if donor.lora is None else None,
+            "code": bool(self.options.trust_remote_code),
+        }
+
+
+def _read_config(folder: str) -> Any:
+    from mergekit.config import MergeConfiguration
+    from pydantic import ValidationError
+
+    path = os.path.join(folder, record_checks.CONFIG_FILE)
+    found = folder_checks.read_yaml(folder, record_checks.CONFIG_FILE)
+    try:
+        return MergeConfiguration.model_validate(found)
+    except ValidationError as error:  # pydantic's or mergekit's own checks: said without the file's values
+        message = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in error.errors())[:500]
+    except Exception as error:
+        message = type(error).__name__
+    raise errors.Unreadable(f"{path} is not a mergekit config mergekit can read: {message}")
+
+
+def pinned(config: Any, recorded: dict, copies: Mapping[str, str]) -> tuple[Any, dict[str, str]]:
+    """`config` with each input that has a local copy (`copies`) read there, every other hub id whose revision was
+    recorded pinned to that commit; and label now -> label recorded.
+
+    A hub id names a branch (`org/name`, `org/name@main`) that may have moved since the merge;
+    its recorded revision is the commit the merge read (the snapshot folder's name).
+    """
+    from mergekit.common import ModelPath
+
+    identities = {row.model: row.identity for row in record_checks.recorded_inputs(recorded)}
+    pins = {}
+    for model in config.referenced_models():
+        if model.lora is not None:
+            continue
+        if str(model) in copies:
+            pins[model] = model.model_copy(update={"model": ModelPath(path=copies[str(model)])})
+            continue
+        revision = identities.get(str(model), {}).get("revision")
+        local = os.path.exists(model.model.path)
+        if revision and not local and model.model.revision != revision:
+            pins[model] = model.model_copy(update={"model": ModelPath(path=model.model.path, revision=revision)})
+    if not pins:
+        return config, {}
+    return _replaced(config, pins), {str(new): str(old) for old, new in pins.items()}
+
+
+def _replaced(value: Any, pins: dict[Any, Any]) -> Any:
+    """`value` (a config, or anything in it) with each model reference in `pins` replaced, copies where it changed."""
+    from mergekit.common import ModelReference
+    from pydantic import BaseModel
+
+    if isinstance(value, ModelReference):
+        return pins.get(value, value)
+    if isinstance(value, BaseModel):
+        update = {}
+        for key in type(value).model_fields:
+            old = getattr(value, key)
+            new = _replaced(old, pins)
+            if new is not old:
+                update[key] = new
+        return value.model_copy(update=update) if update else value
+    if isinstance(value, (list, tuple)):
+        items = [_replaced(v, pins) for v in value]
+        return type(value)(items) if any(a is not b for a, b in zip(items, value, strict=True)) else value
+    if isinstance(value, dict):
+        pairs = [(_replaced(k, pins), _replaced(v, pins)) for k, v in value.items()]
+        changed = any(a is not k or b is not v for (a, b), (k, v) in zip(pairs, value.items(), strict=True))
+        return dict(pairs) if changed else value
+    return value
