@@ -7,7 +7,7 @@ inf for a finite number against an infinity); differing elements where either is
 apart (`nan`). The comparison streams in chunks, so it needs a few chunk-sized buffers whatever
 the tensor's size.
 
-Knows nothing of mergekit or of the folder; `compare` is the module users import (it re-exports these).
+Knows nothing of mergekit or of the folder (`verdict` judges the folder from these).
 """
 
 from __future__ import annotations

@@ -5,12 +5,10 @@ A published folder is untrusted. One rule for every file a loader reads, whereve
 entries, the weight files an index names at any depth): it is opened only when it is a regular file inside
 the folder (a link may point into the folder, or into a hub cache's blobs beside a snapshot: `homes`); a
 FIFO, a device, a socket, a link leading elsewhere, dangling or looping is refused by name without being
-opened (`checked_path`, `check_files`), and no byte of a refused or unreadable file is echoed. Our own
+opened (`checked_path`, `check_entries`), and no byte of a refused or unreadable file is echoed. Our own
 reads open with O_NONBLOCK and check the opened file again. JSON and YAML are read with a bounded size and
-nesting. What the loaders would read is named here: mergekit's, transformers' and transformers' without
-safetensors choice of weight files (`loader_choices`), the files beside them each loader reads (`beside`),
-a PEFT adapter (`ADAPTER`), code (`is_code`). `published_checks` compares what they hold with what the
-merge makes.
+nesting. Which files each loader reads is `loader_files`'; `published_checks` compares what they hold with what
+the merge makes.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Mapping
 from typing import Any
 
 from mergekit_ram.errors import Unreadable
@@ -29,29 +26,6 @@ JSON_LIMIT = 256 << 20
 TEXT_LIMIT = 16 << 20
 #: nesting verify reads in JSON or YAML (what mergekit-ram writes is 6 deep)
 DEPTH = 64
-#: the weight files each loader looks for, in its order: (mergekit's from_disk, transformers' from_pretrained)
-SINGLE = ("model.safetensors", "pytorch_model.bin")
-#: what transformers' `from_pretrained` reads with `use_safetensors=False`, in its order
-PICKLED = ("pytorch_model.bin", "pytorch_model.bin.index.json")
-#: a PEFT adapter: transformers' `from_pretrained` applies one it finds beside the weights whenever peft is
-#: importable (mergekit depends on it); a merge writes none
-ADAPTER = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
-#: files beside the weights a loader reads: transformers' `from_pretrained` (config, generation config, a PEFT
-#: adapter) and a tokenizer's (the files mergekit copies, and the named chat templates of a subfolder)
-CHAT_TEMPLATES = "additional_chat_templates"
-#: files mergekit's `_copy_tokenizer` copies from the base (or the first model) byte for byte
-COPIED = (
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.json",
-    "tokenizer.model",
-    "added_tokens.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "generation_config.json",
-    "chat_template.json",
-    "video_preprocessor_config.json",
-)
 
 
 def _kind(mode: int) -> str:
@@ -79,7 +53,7 @@ def checked_path(folder: str, name: str) -> str:
     into it (or a hub cache's blobs: `homes`); Unreadable naming it otherwise, without opening it: absent, a
     FIFO, a device, a socket, a folder, a name or link leading out of the folder, a dangling link, a loop."""
     path = os.path.join(folder, name)
-    if _leaves(name):
+    if leaves(name):
         raise Unreadable(f"{path} lies outside {folder}: not read")
     target = os.path.realpath(path)
     if not any(os.path.commonpath([home, target]) == home for home in homes(folder)):
@@ -96,14 +70,14 @@ def checked_path(folder: str, name: str) -> str:
     return path
 
 
-def _leaves(name: str) -> bool:
+def leaves(name: str) -> bool:
     """Whether the relative name `name` leads out of its folder by itself (absolute, or up through `..`)."""
     return os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir
 
 
-def check_files(folder: str, choices: Mapping[str, str]) -> None:
-    """Every entry directly in `folder` (subfolders aside) and every weight file a loader's choice (`choices`)
-    names, at any depth, is one `checked_path` accepts: before anything opens one."""
+def check_entries(folder: str) -> None:
+    """Every entry directly in `folder` (subfolders aside) is one `checked_path` accepts: before anything opens one
+    (the weight files an index names, at any depth: `loader_files.check_files`)."""
     for name in sorted(os.listdir(folder)):
         full = os.path.join(folder, name)
         if os.path.isdir(full) and not os.path.islink(full):
@@ -111,9 +85,6 @@ def check_files(folder: str, choices: Mapping[str, str]) -> None:
         if name.startswith(".") and name.endswith(".tmp"):
             continue  # a write in flight (ours, or mergekit's)
         checked_path(folder, name)
-    for choice in sorted(set(choices.values())):
-        for name in weight_files(folder, choice):
-            checked_path(folder, name)
 
 
 def read_bytes(folder: str, name: str, limit: int = TEXT_LIMIT) -> bytes:
@@ -173,75 +144,6 @@ def _check_depth(path: str, data: bytes, opening: bytes, closing: bytes) -> None
             raise Unreadable(f"{path} nests deeper than {DEPTH} levels: not read")
 
 
-# --------------------------------------------------------------------------- #
-# Which weight files the loaders read
-# --------------------------------------------------------------------------- #
-def loader_choices(folder: str) -> dict[str, str]:
-    """What each loader reads of `folder`: {"mergekit": file, "transformers": file, PICKLES: file}, each a single
-    weight file or an index (`ShardedTensorIndex.from_disk` prefers an index beside its single file;
-    transformers' `from_pretrained` prefers the single file, safetensors first; with `use_safetensors=False`,
-    it reads `PICKLED`). A loader that finds nothing is left out."""
-    found = {}
-    for single in SINGLE:
-        index = single + ".index.json"
-        if "mergekit" not in found and (_exists(folder, single) or _exists(folder, index)):
-            found["mergekit"] = index if _exists(folder, index) else single
-        if "transformers" not in found:
-            found["transformers"] = single if _exists(folder, single) else (index if _exists(folder, index) else "")
-            if not found["transformers"]:
-                del found["transformers"]
-    pickled = next((name for name in PICKLED if _exists(folder, name)), None)
-    if pickled is not None:
-        found[PICKLES] = pickled
-    return found
-
-
-#: the loader `loader_choices` names for transformers' `from_pretrained(..., use_safetensors=False)`
-PICKLES = "transformers with use_safetensors=False"
-
-
-def _exists(folder: str, name: str) -> bool:
-    return os.path.lexists(os.path.join(folder, name))
-
-
-def weight_files(folder: str, choice: str) -> list[str]:
-    """The weight files `choice` (a single file or an index) names, relative to `folder` (at any depth), each once."""
-    if not choice.endswith(".index.json"):
-        return [choice]
-    index = read_json(folder, choice)
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise Unreadable(f"{os.path.join(folder, choice)} has no weight_map of file names: is the folder damaged?")
-    for name in set(weight_map.values()):
-        if _leaves(name):
-            raise Unreadable(f"{os.path.join(folder, choice)} names a weight file outside {folder}: not read")
-    return sorted(set(weight_map.values()))
-
-
-def beside(folder: str) -> list[str]:
-    """The files beside the weights that a loader reads, present in `folder` (relative paths): `config.json`,
-    `generation_config.json` and a PEFT adapter (transformers' `from_pretrained`), the tokenizer's files
-    mergekit copies (`COPIED`) and its named chat templates (`additional_chat_templates/*.jinja`)."""
-    names = [n for n in ("config.json", *COPIED, *ADAPTER) if _exists(folder, n)]
-    templates = os.path.join(folder, CHAT_TEMPLATES)
-    if os.path.islink(templates):
-        names.append(CHAT_TEMPLATES)  # a loader follows it: named whole, never listed
-    elif os.path.isdir(templates):
-        names += [f"{CHAT_TEMPLATES}/{n}" for n in sorted(os.listdir(templates)) if n.endswith(".jinja")]
-    return names
-
-
-def listed(names: list[str], limit: int) -> str:
-    """The first `limit` of `names`, and how many more: how a verdict names files."""
-    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-def is_code(name: str) -> bool:
-    """A Python file: code transformers runs from the folder with `trust_remote_code` (a config's `auto_map`, a
-    `custom_generate/`); a merge writes none."""
-    return name.endswith(".py")
-
-
 def files_under(folder: str, limit: int = 10_000) -> list[str]:
     """Every file under `folder` (relative paths; links not followed into folders), at most `limit`."""
     found: list[str] = []
@@ -255,8 +157,6 @@ def files_under(folder: str, limit: int = 10_000) -> list[str]:
     return found
 
 
-def pickles(folder: str, choices: Mapping[str, str]) -> list[str]:
-    """The pickled weight files (not safetensors) a loader would read of `folder`."""
-    names = {n for choice in choices.values() for n in ([choice] if not choice.endswith(".json") else
-             weight_files(folder, choice))}  # fmt: skip
-    return sorted(os.path.join(folder, n) for n in names if not n.endswith(".safetensors"))
+def listed(names: list[str], limit: int) -> str:
+    """The first `limit` of `names`, and how many more: how a verdict names files."""
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")

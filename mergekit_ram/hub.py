@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from mergekit_ram import folder_checks, output_checks
+from mergekit_ram import folder_checks, loader_files, output_checks
 from mergekit_ram.errors import NotVerifiable, Unreadable
 
-#: what verify reads beside the weights, by name (the weights: `folder_checks.SINGLE`, `PICKLED` and their indexes)
+#: what verify reads beside the weights, by name (the weights: `loader_files.SINGLE`, `PICKLED` and their indexes)
 RECORDS = (output_checks.STATS_FILE, "mergekit_config.yml", "README.md", "config.json")
 
 
@@ -40,8 +40,8 @@ class Published:
         """What the verdict says of the files verify did not fetch: (differences, why it cannot check, not
         checked). Code is not the merge's, or, where the merge ran with trust_remote_code (`trusted`) and so wrote
         its donor's config module, cannot be checked: verify fetches no code. The rest no loader reads."""
-        code = [name for name in self.not_fetched if folder_checks.is_code(name)]
-        rest = [name for name in self.not_fetched if not folder_checks.is_code(name)]
+        code = [name for name in self.not_fetched if loader_files.is_code(name)]
+        rest = [name for name in self.not_fetched if not loader_files.is_code(name)]
         said = f"{folder_checks.listed(code, 3)}: Python code on the Hub (not fetched), which transformers runs"
         files, blocked, unread = [], [], []
         if code and trusted:
@@ -73,11 +73,11 @@ def parse(target: str) -> tuple[str, str] | None:
 def wanted(name: str) -> bool:
     """Whether verify reads a file of this name from the top of a published folder (a shard at any depth is
     fetched when an index names it)."""
-    if folder_checks.is_code(name):
+    if loader_files.is_code(name):
         return False
-    single = (*folder_checks.SINGLE, *folder_checks.PICKLED)
-    named = (*RECORDS, *folder_checks.COPIED, *folder_checks.ADAPTER, *single, *(s + ".index.json" for s in single))
-    chat = name.startswith(folder_checks.CHAT_TEMPLATES + "/") and name.endswith(".jinja") and name.count("/") == 1
+    single = (*loader_files.SINGLE, *loader_files.PICKLED)
+    named = (*RECORDS, *loader_files.COPIED, *loader_files.ADAPTER, *single, *(s + ".index.json" for s in single))
+    chat = name.startswith(loader_files.CHAT_TEMPLATES + "/") and name.endswith(".jinja") and name.count("/") == 1
     return name in named or chat
 
 
@@ -109,11 +109,11 @@ def fetch(repository: str, requested: str, *, cache_dir: str | None = None, quie
         folder = _download(repository, commit, first, cache_dir)
         shards = {
             name
-            for choice in folder_checks.loader_choices(folder).values()
+            for choice in loader_files.loader_choices(folder).values()
             if choice.endswith(".index.json")
-            for name in folder_checks.weight_files(folder, choice)
+            for name in loader_files.weight_files(folder, choice)
         }
-        more = sorted(shards & set(listed) - set(first) - {n for n in shards if folder_checks.is_code(n)})
+        more = sorted(shards & set(listed) - set(first) - {n for n in shards if loader_files.is_code(n)})
         if more:
             _download(repository, commit, more, cache_dir)
     except (Unreadable, NotVerifiable):

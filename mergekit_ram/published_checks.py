@@ -5,7 +5,8 @@ nothing of mergekit (`_mergekit/published.py` runs the merge again and calls the
 float sums to `SUM_TOLERANCE` of their size), `config.json` against the config the merge writes
 (`config_differences`), the card's one visible RAM+ section (`card_problem`), files mergekit copies from an input
 (`copied_files`), and the weight files another loader reads against those mergekit reads
-(`other_view_differences`). Every file is read through `folder_checks` (regular files inside the folder only).
+(`other_view_differences`). Every file is read through `folder_checks` (regular files inside the folder only); which
+files each loader reads is `loader_files`'.
 """
 
 from __future__ import annotations
@@ -18,15 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mergekit_ram.errors import Unreadable
-from mergekit_ram.folder_checks import (
-    COPIED,
-    JSON_LIMIT,
-    PICKLES,
-    checked_path,
-    read_bytes,
-    read_json,
-    weight_files,
-)
+from mergekit_ram.folder_checks import JSON_LIMIT, checked_path, read_bytes, read_json
+from mergekit_ram.loader_files import COPIED, PICKLES, weight_files
 
 #: ram_stats.json's keys verify does not compare with the recomputed report: the versions and where mergekit-ram came
 #: from (the installation's, not the merge's: a note), where the counts came from, the merge record (read to plan),

@@ -1,6 +1,6 @@
 """`mergekit-ram verify`'s verdict on one folder, on plain data: the outcome as text and JSON (`Outcome`,
 `dumps`), its exit codes and the `--json` schema. The comparison itself is `bitwise.compare`; the checks of
-what a folder records are `record_checks`'; `mergekit_ram.compare`, the name users import, re-exports all three.
+what a folder records are `record_checks`'. Users import each name from its own module.
 
 Knows nothing of mergekit (`_mergekit/verification.py` plans and recomputes; this module judges).
 

@@ -3,9 +3,9 @@
 The folder's `ram_stats.json` read (usage errors and data errors told apart), its merge record, damaged
 weight files and tensors the index does not name, the plan and the recomputed rho against the record,
 an input's identity against the recorded one, installed versions against the recorded ones; the recorded
-options taken as evidence (none that runs code without the user's flag), local copies of inputs, and
-`folder_checks` (a stranger's files: special files, links, size and depth, which weight files each loader
-reads, the published statistics against the recomputed ones). Through
+options taken as evidence (none that runs code without the user's flag), local copies of inputs,
+`folder_checks` (a stranger's files: special files, links, size and depth), `loader_files` (which weight files
+each loader reads) and `published_checks` (the published statistics against the recomputed ones). Through
 `mergekit-ram verify` on real folders: tests/test_verification.py, tests/reliability/test_verify_cases.py.
 """
 
@@ -386,13 +386,13 @@ def test_as_recorded_reaches_every_label():
     }  # fmt: skip
 
 
-# ---------------------------------------------------------------- folder_checks: a stranger's files
+# ---------------------------------------------------------------- folder_checks, loader_files: a stranger's files
 
 
 def test_folder_checks_refuse_special_files_links_out_and_depth(tmp_path):
     import os
 
-    from mergekit_ram import folder_checks
+    from mergekit_ram import folder_checks, loader_files
 
     (tmp_path / "ok.json").write_text('{"a": [1, {"b": 2}]}', encoding="utf-8")
     assert folder_checks.read_json(str(tmp_path), "ok.json") == {"a": [1, {"b": 2}]}
@@ -411,7 +411,7 @@ def test_folder_checks_refuse_special_files_links_out_and_depth(tmp_path):
     with pytest.raises(Unreadable, match="larger than"):
         folder_checks.read_bytes(str(tmp_path), "big.json", limit=2048)
     with pytest.raises(Unreadable, match="fifo.json is a FIFO"):
-        folder_checks.check_files(str(tmp_path), {})
+        loader_files.check_files(str(tmp_path), {})
 
 
 def test_hub_snapshot_links_into_blobs_are_read(tmp_path):
@@ -442,14 +442,14 @@ def test_hub_snapshot_links_into_blobs_are_read(tmp_path):
 )  # fmt: skip
 def test_which_weight_files_each_loader_reads(tmp_path, present, mergekit, transformers, pickles):
     """mergekit's from_disk, transformers' from_pretrained, and from_pretrained with use_safetensors=False."""
-    from mergekit_ram import folder_checks
+    from mergekit_ram import loader_files
 
     for name in present:
         (tmp_path / name).write_text("{}", encoding="utf-8")
     expected = {"mergekit": mergekit, "transformers": transformers}
     if pickles:
-        expected[folder_checks.PICKLES] = pickles
-    assert folder_checks.loader_choices(str(tmp_path)) == expected
+        expected[loader_files.PICKLES] = pickles
+    assert loader_files.loader_choices(str(tmp_path)) == expected
 
 
 def test_report_differences_name_each_leaf_but_versions_and_identities():

@@ -12,7 +12,7 @@
 * `--json` follows the schema of mergekit_ram/verdict.py; the card's reproduce line names verify.
 
 The bit comparison on plain tensors: tests/test_bitwise.py; the checks of the record on plain data:
-tests/test_record_checks.py; the outcome as text and JSON: tests/test_compare.py. Hub ids pinned to
+tests/test_record_checks.py; the outcome as text and JSON: tests/test_verdict.py. Hub ids pinned to
 their recorded revision: tests/test_hub.py. Bad input to verify and "writes nothing":
 tests/reliability/test_verify_cases.py; a stranger's folder (code, pickles, special files, links, the
 files beside the weights, --input): tests/reliability/test_untrusted_folders.py.

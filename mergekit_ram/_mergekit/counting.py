@@ -106,16 +106,11 @@ def _folder(model: Any) -> dict:
 
 def count(options: Any, tasks: list[Any]) -> list[statistics.TensorCounts]:
     """Count every task on mergekit's executors (buffers are not counted), in planning order."""
-    from mergekit.multigpu_executor import MultiGPUExecutor
-
     targets = [CountTask(merge_task=t) for t in tasks]
-    if options.multi_gpu:
-        executor = MultiGPUExecutor(targets=targets, storage_device=None if options.low_cpu_memory else "cpu")
-        results = executor.run(quiet=options.quiet)
-    elif os.environ.get("MERGEKIT_RAM_STATS_ORDER", "reverse") == "reverse":
+    if not options.multi_gpu and os.environ.get("MERGEKIT_RAM_STATS_ORDER", "reverse") == "reverse":
         results = run_reversed(targets, options)
     else:
-        results = _executor(targets, options).run(quiet=options.quiet, desc="RAM+ statistics")
+        results = run_as_merge(targets, options, desc="RAM+ statistics")
     counted = {value.name: value for _, value in results if value is not None}
     return [counted[t.output_weight.name] for t in tasks if t.output_weight.name in counted]
 
@@ -150,6 +145,17 @@ def run_reversed(targets: list[Any], options: Any) -> Iterator[tuple[Any, Any]]:
     finally:
         if bar is not None:
             bar.close()
+
+
+def run_as_merge(targets: list[Any], options: Any, *, desc: str) -> Iterator[tuple[Any, Any]]:
+    """Run `targets` on the executor `run_merge` runs a merge on (mergekit.merge.run_merge, 0.1.5): every GPU with
+    `--multi-gpu`, else one device (`_executor`). The statistics pass and verify's recomputation both run here."""
+    if options.multi_gpu:
+        from mergekit.multigpu_executor import MultiGPUExecutor
+
+        executor = MultiGPUExecutor(targets=targets, storage_device=None if options.low_cpu_memory else "cpu")
+        return executor.run(quiet=options.quiet)
+    return _executor(targets, options).run(quiet=options.quiet, desc=desc)
 
 
 def _executor(targets: list[Any], options: Any) -> Any:

@@ -7,7 +7,8 @@ config files against the base's when mergekit copies them byte for byte; the wei
 reads when they are not those mergekit reads (a single file beside an index, pickles beside safetensors). A
 file a loader reads that the merge does not write (a PEFT adapter, code, a tokenizer file the base lacks) is
 a difference. "Not checked" names only the files no loader reads, and a tokenizer the merge built (not
-copied), which verify does not build again. The judging is `folder_checks`' and `published_checks`', on plain data.
+copied), which verify does not build again. The files are read and named by
+`folder_checks` and `loader_files`; the judging is `published_checks`', on plain data.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from mergekit_ram import (
     card,
     folder_checks,
+    loader_files,
     output_checks,
     published_checks,
     record_checks,
@@ -49,20 +51,20 @@ def check(
     card, nor a tokenizer); `donor`: the local folder mergekit copies the tokenizer and the config from; `code`:
     the merge ran with trust_remote_code, so its config carries the donor's code beside it)."""
     covered = set(RECORDS)
-    choices = folder_checks.loader_choices(folder)
+    choices = loader_files.loader_choices(folder)
     outcome.checked.append("the planned parameters and rho against ram_stats.json")
     outcome.checked.append(
         f"{outcome.compared:,} tensors bit for bit (in what mergekit reads: {choices.get('mergekit')})"
     )
     for choice in choices.values():
-        covered |= {choice, *folder_checks.weight_files(folder, choice)}
+        covered |= {choice, *loader_files.weight_files(folder, choice)}
     found, seen = published_checks.other_view_differences(folder, choices)
     outcome.files += found
     outcome.checked += [f"{line} (the same tensors)" for line in seen]
     _statistics(folder, recorded, recomputed, outcome)
-    present = folder_checks.beside(folder)
+    present = loader_files.beside(folder)
     covered |= set(present)
-    adapter = [name for name in present if name in folder_checks.ADAPTER]
+    adapter = [name for name in present if name in loader_files.ADAPTER]
     if adapter:
         outcome.files.append(
             f"{', '.join(adapter)}: a PEFT adapter, which transformers' from_pretrained applies over the weights "
@@ -77,8 +79,8 @@ def check(
     _copied(folder, [name for name in present if name not in adapter and name != "config.json"], merge_config,
             donor, outcome)  # fmt: skip
     rest = [name for name in folder_checks.files_under(folder) if name not in covered]
-    _code(folder, [name for name in rest if folder_checks.is_code(name)], donor if code else None, outcome)
-    rest = [name for name in rest if not folder_checks.is_code(name)]
+    _code(folder, [name for name in rest if loader_files.is_code(name)], donor if code else None, outcome)
+    rest = [name for name in rest if not loader_files.is_code(name)]
     if rest:
         outcome.not_checked.append(f"{folder_checks.listed(rest, 10)} (no loader reads them as part of the model)")
 
@@ -239,6 +241,6 @@ def _copied(folder: str, present: list[str], merge_config: Any, donor: str | Non
         outcome.checked.append(f"{', '.join(same)} (copies of the base's)")
     outcome.files += [
         f"{name}: {NOT_WRITTEN} (it copies the base's tokenizer files, and {donor} has no {name})"
-        if name in folder_checks.COPIED else f"{name}: {NOT_WRITTEN} (it copies no named chat template)"
+        if name in loader_files.COPIED else f"{name}: {NOT_WRITTEN} (it copies no named chat template)"
         for name in present if name not in same and name not in differ
     ]  # fmt: skip

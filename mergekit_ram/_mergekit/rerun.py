@@ -14,6 +14,7 @@ from typing import Any
 from mergekit.graph import Task
 
 from mergekit_ram import bitwise, record_checks, verdict
+from mergekit_ram._mergekit import counting
 from mergekit_ram.errors import InputError, NonFiniteResultError
 
 
@@ -107,7 +108,7 @@ def run(
     (`index`: the folder's tensors)."""
     planned = set()
     try:
-        for _task, value in _executor(targets, options):
+        for _task, value in counting.run_as_merge(targets, options, desc="Verifying"):
             if isinstance(value, bitwise.Difference):
                 planned.add(value.name)
                 outcome.add(value)
@@ -126,17 +127,3 @@ def run(
         if name not in index:
             outcome.add(bitwise.Difference(name, "extra", detail=why))
     outcome.merged = True
-
-
-def _executor(targets: list[Any], options: Any) -> Any:
-    """The executor `run_merge` runs a merge on (mergekit.merge.run_merge, 0.1.5)."""
-    if options.multi_gpu:
-        from mergekit.multigpu_executor import MultiGPUExecutor
-
-        executor = MultiGPUExecutor(targets=targets, storage_device=None if options.low_cpu_memory else "cpu")
-        return executor.run(quiet=options.quiet)
-    from mergekit.graph import Executor
-
-    storage = options.device if options.low_cpu_memory else "cpu"
-    executor = Executor(targets=targets, math_device=options.device, storage_device=storage)
-    return executor.run(quiet=options.quiet, desc="Verifying")

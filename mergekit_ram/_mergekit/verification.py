@@ -35,10 +35,10 @@ from mergekit_ram import (
     cachedir,
     config_checks,
     errors,
-    folder_checks,
     hub,
     input_checks,
     input_copies,
+    loader_files,
     record_checks,
     report,
     verdict,
@@ -103,9 +103,9 @@ def verify(
 def _verify(
     folder: str, recorded: dict, record: dict, options: Any, trust: bool, copies: dict[str, str], outcome: Any
 ) -> None:
-    choices = folder_checks.loader_choices(folder)
-    folder_checks.check_files(folder, choices)  # no FIFO, device or link out of the folder is ever opened
-    pickled = folder_checks.pickles(folder, choices)
+    choices = loader_files.loader_choices(folder)
+    loader_files.check_files(folder, choices)  # no FIFO, device or link out of the folder is ever opened
+    pickled = loader_files.pickles(folder, choices)
     if pickled and record_checks.forced_unsafe():
         outcome.cannot_check.append(
             f"{pickled[0]} is a pickle and {input_checks.FORCE_UNSAFE} is set: mergekit's loader would unpickle it "

@@ -1,6 +1,5 @@
-"""`compare.py`: what `mergekit-ram verify` finds in one folder, as text and as JSON (`Outcome`, `dumps`), and
-the module verify's users import (the bit comparison and the record's checks re-exported from `bitwise` and
-`record_checks`). The `--json` schema against real folders: tests/test_verification.py::test_json_schema.
+"""`verdict.py`: what `mergekit-ram verify` finds in one folder, as text and as JSON (`Outcome`, `dumps`), its
+results and exit codes. The `--json` schema against real folders: tests/test_verification.py::test_json_schema.
 """
 
 from __future__ import annotations
@@ -11,32 +10,23 @@ import math
 import pytest
 import torch
 
-from mergekit_ram import bitwise, compare, record_checks
+from mergekit_ram.bitwise import Difference, compare
+from mergekit_ram.record_checks import InputCheck
+from mergekit_ram.verdict import Outcome, dumps
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 
 FOLDER = "/data/merged"
 
 
-def differing() -> compare.Difference:
-    return compare.compare("b.weight", torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5]))
-
-
-def test_the_public_names_are_where_they_were():
-    assert compare.compare is bitwise.compare and compare.Difference is bitwise.Difference
-    assert compare.read_report is record_checks.read_report and compare.NotVerifiable is record_checks.NotVerifiable
-    assert all(hasattr(compare, name) for name in compare.__all__)
-    assert {
-        "Outcome", "dumps", "Difference", "compare", "bit_differences", "describe", "NotVerifiable", "Unreadable",
-        "InputCheck", "read_report", "read_merge_record", "damaged_weight_file", "stray_tensors", "plan_mismatches",
-        "rho_mismatches", "check_identity", "recorded_inputs", "version_notes", "CONFIG_FILE", "READABLE",
-    } <= set(compare.__all__)
+def differing() -> Difference:
+    return compare("b.weight", torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5]))
 
 
 def test_an_identical_folder_is_a_headline_and_what_was_checked():
-    outcome = compare.Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="cache")
+    outcome = Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="cache")
     for name in ("a", "b"):
-        outcome.add(compare.compare(name, torch.zeros(2), torch.zeros(2)))
+        outcome.add(compare(name, torch.zeros(2), torch.zeros(2)))
     outcome.checked += ["2 tensors bit for bit", "config.json"]
     outcome.not_checked.append("vocab.json (no check covers it)")
     assert outcome.identical and outcome.result == "identical" and outcome.differences == []
@@ -50,11 +40,11 @@ def test_an_identical_folder_is_a_headline_and_what_was_checked():
 
 
 def test_a_differing_folder_names_each_problem_in_order():
-    outcome = compare.Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="computed")
-    outcome.add(compare.compare("a.weight", torch.zeros(2), torch.zeros(2)))
+    outcome = Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="computed")
+    outcome.add(compare("a.weight", torch.zeros(2), torch.zeros(2)))
     outcome.add(differing())
-    outcome.add(compare.Difference("z.extra", "extra", detail="in model.safetensors"))  # not counted as compared
-    outcome.add(compare.Difference("a.gone", "missing", 4, recomputed="float32 [4]"))
+    outcome.add(Difference("z.extra", "extra", detail="in model.safetensors"))  # not counted as compared
+    outcome.add(Difference("a.gone", "missing", 4, recomputed="float32 [4]"))
     outcome.parameters = ["r: mergekit_config.yml plans 0.3, ram_stats.json records 0.1"]
     assert not outcome.identical and outcome.result == "differs" and outcome.compared == 3
     assert outcome.text().splitlines() == [
@@ -71,8 +61,8 @@ def test_a_differing_folder_names_each_problem_in_order():
 
 def test_a_changed_input_is_cannot_check_and_nothing_recomputed_is_said():
     """Not the recorded input: the folder cannot be checked (exit 3), which is not "differs" (exit 1)."""
-    changed = compare.InputCheck("A", "agent", "changed", {"content_id": "x"}, {"content_id": "y"}, "content_id y now")
-    outcome = compare.Outcome(folder=FOLDER, entry_point="run_merge", inputs=[changed])
+    changed = InputCheck("A", "agent", "changed", {"content_id": "x"}, {"content_id": "y"}, "content_id y now")
+    outcome = Outcome(folder=FOLDER, entry_point="run_merge", inputs=[changed])
     outcome.checked.append("the identities of 1 input(s)")
     assert outcome.result == "cannot check" and outcome.exit_code == 3
     assert outcome.text().splitlines() == [
@@ -82,16 +72,16 @@ def test_a_changed_input_is_cannot_check_and_nothing_recomputed_is_said():
         "checked: the identities of 1 input(s)",
     ]
     # identical tensors alone are no verdict: nothing was merged
-    assert not compare.Outcome(folder=FOLDER).identical
-    assert compare.Outcome(folder=FOLDER).result == "cannot check"
+    assert not Outcome(folder=FOLDER).identical
+    assert Outcome(folder=FOLDER).result == "cannot check"
 
 
 def test_each_result_has_its_headline_and_exit_code():
-    refused = compare.Outcome(folder=FOLDER, cannot_check=["ram_stats.json records trust_remote_code: true; ..."])
+    refused = Outcome(folder=FOLDER, cannot_check=["ram_stats.json records trust_remote_code: true; ..."])
     assert (refused.result, refused.exit_code) == ("cannot check", 3)
     assert refused.headline() == f"{FOLDER}: CANNOT CHECK (1 reason):"
-    assert compare.dumps(refused).count('"exit_code": 3') == 1
-    differs = compare.Outcome(folder=FOLDER, merged=True, files=["config.json: rope_theta is 2.0, the merge writes 1.0"])
+    assert dumps(refused).count('"exit_code": 3') == 1
+    differs = Outcome(folder=FOLDER, merged=True, files=["config.json: rope_theta is 2.0, the merge writes 1.0"])
     assert (differs.result, differs.exit_code, differs.headline()) == ("differs", 1, f"{FOLDER}: NOT identical (1 problem):")
     # a difference found beside something not checkable: the folder is shown to differ
     differs.cannot_check.append("tokenizer.json cannot be read")
@@ -99,12 +89,12 @@ def test_each_result_has_its_headline_and_exit_code():
 
 
 def test_json_follows_the_schema():
-    outcome = compare.Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="computed")
-    outcome.add(compare.compare("c", torch.tensor([1.0]), torch.tensor([math.inf])))
+    outcome = Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="computed")
+    outcome.add(compare("c", torch.tensor([1.0]), torch.tensor([math.inf])))
     outcome.add(differing())
     outcome.notes.append("torch 2.14.0 is installed; ...")
-    found = json.loads(compare.dumps(outcome))
-    assert compare.dumps(outcome).endswith("}\n")
+    found = json.loads(dumps(outcome))
+    assert dumps(outcome).endswith("}\n")
     assert found == {
         "format": "mergekit-ram/verify",
         "format_version": 2,
@@ -132,8 +122,8 @@ def test_json_follows_the_schema():
 
 
 def test_an_error_is_a_result():
-    outcome = compare.Outcome(folder=FOLDER, error="the weights in /data/merged cannot be read: x")
-    found = json.loads(compare.dumps(outcome))
+    outcome = Outcome(folder=FOLDER, error="the weights in /data/merged cannot be read: x")
+    found = json.loads(dumps(outcome))
     assert (found["result"], found["exit_code"], found["error"], found["merged"], found["entry_point"]) == (
         "cannot check",
         3,
@@ -142,4 +132,4 @@ def test_an_error_is_a_result():
         None,
     )
     assert found["problems"] == ["the weights in /data/merged cannot be read: x"]
-    assert "error" not in compare.Outcome(folder=FOLDER).as_json()
+    assert "error" not in Outcome(folder=FOLDER).as_json()
