@@ -358,7 +358,7 @@ def test_agent_stats_names_are_ram_stats_json_names(merged, qwen_bf16):
     assert (diagnosed.single_step, diagnosed.shared_with_2plus, diagnosed.unique_share) == (2, 3, 0.4)
 
 
-# ---------------------------------------------------------------- rounding, measured (the README's statement)
+# ---------------------------------------------------------------- rounding, measured (docs/method.md's statement)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
@@ -367,7 +367,7 @@ def test_rounding_by_input_dtype(dtype):
     rounded once, the reference rounded once (measured: every entry; double rounding could differ in general).
     float32: computed in float32, where each operation rounds: within the bound `assert_state_dict_matches`
     allows, and a measured share of the changed entries differs from the reference rounded once, most by one
-    ulp of the result (the README gives the figures this prints: `-rP` shows them; `-q` shows no test's output)."""
+    ulp of the result (docs/method.md gives the figures this prints: `-rP` shows them; `-q` shows no test's output)."""
     shares = []
     for seed in (4, 5, 6):
         fam = models.Family("qwen2", tied=False, dtype=dtype, seed=seed)

@@ -529,7 +529,7 @@ def test_stale_file_warning_starts_its_own_line(flat_mlp, tmp_path):
 
 
 def test_batch_norm_buffers(flat_cnn, tmp_path):
-    """What the README says of BatchNorm: `running_mean` and `running_var` are floats, merged like weights (an
+    """What docs/doors.md says of BatchNorm: `running_mean` and `running_var` are floats, merged like weights (an
     entry one agent changed is base + lambda * tau); an integer `num_batches_tracked` that the inputs agree on
     is copied (the CNN test above), one they differ on is refused before any weight is read (mergekit refused it
     itself, mid-merge, with a traceback: `reliability/test_flat_inputs.py` has that case)."""

@@ -1,5 +1,5 @@
 """Packaging: the wheel ships the start-up hook, the editable install is current,
-the README's set-up commands (its Development section) are the ones CI runs, and its links resolve."""
+the README's set-up commands (its Development section) are the ones CI runs (its links: test_docs.py)."""
 
 from __future__ import annotations
 
@@ -292,37 +292,6 @@ def test_contributing_checks_command_is_what_ci_runs():
     assert command in ci, f".ci/run does not run the checks command:\n  {command}"
     assert ci.index(command) < ci.index("python -m pytest -q"), "the checks must run before the tests"
 
-
-
-# --------------------------------------------------------------------------- #
-# README links
-# --------------------------------------------------------------------------- #
-def _slug(title: str) -> str:
-    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
-    title = re.sub(r"[^\w\- ]", "", title.replace("`", "").strip().lower())
-    return title.replace(" ", "-")
-
-
-@pytest.mark.quick
-def test_readme_relative_links_resolve():
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    text = re.sub(r"^\s*(```+|~~~+).*?^\s*\1\s*$", "", text, flags=re.S | re.M)  # fenced code
-    anchors = {_slug(m.group(2)) for m in map(_HEADING.match, text.splitlines()) if m}
-    prose = re.sub(r"`[^`\n]*`", "", text)  # inline code
-    targets = re.findall(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", prose)
-    targets += re.findall(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", prose, flags=re.M)
-    assert targets, "found no links in README.md"
-    broken = []
-    for target in targets:
-        if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):  # https:, mailto:
-            continue
-        path, _, fragment = target.partition("#")
-        if not path:
-            if fragment not in anchors:
-                broken.append(f"{target} (no such heading in README.md)")
-        elif not (REPO / path).exists():
-            broken.append(f"{target} (no such file or folder)")
-    assert not broken, f"README.md links that do not resolve: {broken}"
 
 
 # --------------------------------------------------------------------------- #
