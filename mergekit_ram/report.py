@@ -139,7 +139,7 @@ def build(
         "parameters": params,
         "per_tensor_parameters": varying,
         "statistics": source,
-        "versions": _versions(),
+        "versions": installed_versions(),
         "mergekit_ram_source": installed_from(),
         "merge": dict(record or {"entry_point": "run_merge"}),
         "inputs": inputs,
@@ -192,7 +192,8 @@ def installed_from() -> dict[str, str]:
     return versions.source("mergekit-ram")
 
 
-def _versions() -> dict[str, str]:
+def installed_versions() -> dict[str, str]:
+    """The installed versions a report records (`VERSIONED`): verify compares the record's with them."""
     return {name: versions.installed(name) for name in VERSIONED}
 
 

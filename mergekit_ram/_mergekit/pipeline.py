@@ -73,6 +73,18 @@ def prepare(plan: tasks.Plan, current: session.MergeSession, seen: dict[str, dic
         _tell(current, plan.options, quiet_table=not needs)
 
 
+def plan_report(plan: tasks.Plan, labels: dict[str, str]) -> dict:
+    """The report of what `plan` plans, before anything is counted (parameters, inputs, given rho, tied pairs;
+    `labels`: the inputs' labels): what `verify` checks against the record before it counts."""
+    found = tasks.planned(plan, resolves_to_ours)
+    if not found:
+        raise ValueError("the config plans no ramplus tensor")
+    planned = [task for _, task in found]
+    tied = tasks.tied_copies(plan.out_model_config, planned)
+    summaries = [tasks.summary(task) for task in planned if task.output_weight.name not in tied]
+    return report.build(None, summaries, source="not computed", identities={}, labels=labels, tied=tied)
+
+
 def identities(task: Any, seen: dict[str, dict], identify: counting.Identify) -> dict[str, dict]:
     """model -> its public identity (`report.public_identity`); {} for an input that cannot be read."""
     out = {}

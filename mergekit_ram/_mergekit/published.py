@@ -1,4 +1,5 @@
-"""`mergekit-ram verify`, last step: the files of the folder beside the weights, once the merge has run again.
+"""`mergekit-ram verify`, first and last steps: the folder's own files, before anything opens one
+(`refusal`), and the files beside the weights, once the merge has run again (`check`).
 
 Every file a loader reads is checked, or makes the verdict "differs": `ram_stats.json`'s statistics and the
 card's RAM+ section against the recomputed report; `config.json` against the config mergekit writes for the
@@ -20,6 +21,7 @@ from typing import Any
 from mergekit_ram import (
     card,
     folder_checks,
+    input_checks,
     loader_files,
     output_checks,
     published_checks,
@@ -33,6 +35,27 @@ from mergekit_ram import (
 RECORDS = (output_checks.STATS_FILE, record_checks.CONFIG_FILE)
 #: at most this many differing leaves of ram_stats.json are named
 SHOWN = 5
+
+
+def refusal(folder: str) -> str | None:
+    """Why the folder's weights cannot be checked, or None: every file a loader reads must be one `checked_path`
+    accepts (errors.Unreadable otherwise: no FIFO, device or link out of the folder is ever opened), and a pickle
+    among them is named, without unpickling it, when it refers to more than tensors or when mergekit's loader
+    would unpickle it fully."""
+    choices = loader_files.loader_choices(folder)
+    loader_files.check_files(folder, choices)
+    pickled = loader_files.pickles(folder, choices)
+    if pickled and record_checks.forced_unsafe():
+        return (
+            f"{pickled[0]} is a pickle and {input_checks.FORCE_UNSAFE} is set: mergekit's loader would unpickle it "
+            "fully (torch.load without weights_only), which could run code; unset it to verify"
+        )
+    for file in pickled:
+        try:
+            input_checks.check_pickle(file)
+        except ValueError as error:
+            return str(error).replace("input file ", "", 1)
+    return None
 
 
 def check(

@@ -36,17 +36,14 @@ from mergekit_ram import (
     config_checks,
     errors,
     hub,
-    input_checks,
     input_copies,
-    loader_files,
     record_checks,
     report,
     verdict,
-    versions,
 )
-from mergekit_ram._mergekit import door, loading, pipeline, published, rerun, surface, tasks
+from mergekit_ram._mergekit import door, loading, pipeline, published, rerun, surface
 from mergekit_ram.errors import InputError
-from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
+from mergekit_ram.method import NAME, refuse_foreign
 from mergekit_ram.session import Mode, active
 
 
@@ -83,8 +80,7 @@ def verify(
         raise errors.NotVerifiable("mergekit-ram cannot verify: " + "; ".join(problems))
     copies = input_copies.local_copies(recorded, inputs, parents=inputs_from, folder=input_dir)
     outcome.entry_point = record.get("entry_point")
-    installed = {n: versions.installed(n) for n in report.VERSIONED}
-    outcome.notes += record_checks.version_notes(recorded, installed, report.installed_from())
+    outcome.notes += record_checks.version_notes(recorded, report.installed_versions(), report.installed_from())
     with cachedir.read_only():  # nothing written: no statistics cache entry, no kernel build
         try:
             _verify(folder, recorded, record, options, trust_remote_code, copies, outcome)
@@ -103,21 +99,10 @@ def verify(
 def _verify(
     folder: str, recorded: dict, record: dict, options: Any, trust: bool, copies: dict[str, str], outcome: Any
 ) -> None:
-    choices = loader_files.loader_choices(folder)
-    loader_files.check_files(folder, choices)  # no FIFO, device or link out of the folder is ever opened
-    pickled = loader_files.pickles(folder, choices)
-    if pickled and record_checks.forced_unsafe():
-        outcome.cannot_check.append(
-            f"{pickled[0]} is a pickle and {input_checks.FORCE_UNSAFE} is set: mergekit's loader would unpickle it "
-            "fully (torch.load without weights_only), which could run code; unset it to verify"
-        )
+    refused = published.refusal(folder)  # before anything opens a file of the folder
+    if refused is not None:
+        outcome.cannot_check.append(refused)
         return
-    for file in pickled:  # named without unpickling: what it refers to beyond tensors
-        try:
-            input_checks.check_pickle(file)
-        except ValueError as error:
-            outcome.cannot_check.append(str(error).replace("input file ", "", 1))
-            return
     options, notes, refused = record_checks.recorded_options(record, options, trust, report.RECORDED_OPTIONS)
     outcome.notes += notes
     if refused is not None:
@@ -149,7 +134,7 @@ def _run_again(through: door.Door, folder: str, recorded: dict, copies: dict[str
             return
         try:
             plan = through.plan()
-            planned = record_checks.as_recorded(_plan_report(plan, names), through.labels)
+            planned = record_checks.as_recorded(pipeline.plan_report(plan, names), through.labels)
             outcome.parameters = record_checks.plan_mismatches(recorded, planned, source=through.planned_from)
             if outcome.parameters:
                 return
@@ -187,15 +172,3 @@ def _inputs_unchanged(
     if checked:
         outcome.checked.append(f"the identities of {len(checked)} input(s)")
     return not any(check.status in ("changed", "missing") for check in outcome.inputs)
-
-
-def _plan_report(plan: tasks.Plan, labels: dict[str, str]) -> dict:
-    """The report of what `plan` plans, before anything is counted (parameters, inputs, given rho, tied pairs;
-    `labels`: the inputs' recorded labels)."""
-    found = tasks.planned(plan, resolves_to_ours)
-    if not found:
-        raise ValueError("the config plans no ramplus tensor")
-    planned = [task for _, task in found]
-    tied = tasks.tied_copies(plan.out_model_config, planned)
-    summaries = [tasks.summary(task) for task in planned if task.output_weight.name not in tied]
-    return report.build(None, summaries, source="not computed", identities={}, labels=labels, tied=tied)
