@@ -437,3 +437,36 @@ def test_mergekit_pytorch_output_verifies(qwen_bf16, tmp_path, capsys):
     move_one_ulp(out, {"model.norm.weight": 1})
     code, text, _ = verify(out, capsys)
     assert code == 1 and "differs: model.norm.weight: 1 of" in text, text
+
+
+def test_mergekit_pytorch_input_missing_or_copied_under_another_name(qwen_bf16, tmp_path, capsys):
+    """A `mergekit-pytorch` input is one file, whose own name the merge never reads: a copy under another name
+    (`--input RECORDED=COPY`) stands for it. A missing one is named in the verdict's inputs, as for a folder."""
+    import json
+    import shutil
+
+    from mergekit.scripts.merge_raw_pytorch import main as flat
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    files = {who: inputs / f"{who}.safetensors" for who in ("base", "A", "B")}
+    for who, path in files.items():
+        shutil.copyfile(qwen_bf16.paths[who] / "model.safetensors", path)
+    config = tmp_path / "flat.yml"
+    config.write_text(
+        f"merge_method: ramplus\nbase_model: {files['base']}\nmodels:\n"
+        f"  - model: {files['A']}\n  - model: {files['B']}\ndtype: bfloat16\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "flat-out"
+    flat([str(config), str(out), "--quiet"], standalone_mode=False)
+    copy = tmp_path / "elsewhere" / "agent-a-renamed.safetensors"
+    copy.parent.mkdir()
+    files["A"].rename(copy)
+    code, text, err = verify(out, capsys, "--json")
+    found = json.loads(text)
+    assert code == 3 and found["result"] == "cannot check", text + err
+    missing = [row for row in found["inputs"] if row["status"] == "missing"]
+    assert [row["model"] for row in missing] == [str(files["A"])] and "no such file" in missing[0]["detail"], found
+    code, text, err = verify(out, capsys, "--input", f"{files['A']}={copy}")
+    assert code == 0 and "bit-identical" in text, text + err

@@ -116,10 +116,18 @@ class PytorchDoor:
         return {self.labels.get(path, path): path for path in self.inputs()}
 
     def identity(self, model: Any, seen: dict[str, dict]) -> dict:
+        """A copy's under the recorded file's name: the merge reads the file, never its name."""
         path = str(model)
         if not os.path.exists(path):
             raise FileNotFoundError(f"no such file{input_copies.missing_hint(self.copies)}")
-        return counting.identity(path, seen, lambda _: cache.file_identity(path))
+        name = os.path.basename(self.labels.get(path, path))
+        return counting.identity(path, seen, lambda _: _named(cache.file_identity(path), name))
 
     def published(self, plan: tasks.Plan) -> dict[str, Any]:
         return {}  # it writes no config, card or tokenizer
+
+
+def _named(identity: dict, name: str) -> dict:
+    """`identity` (`cache.file_identity`: one file) with its file under `name`."""
+    (entry,) = identity["files"].values()
+    return {**identity, "files": {name: entry}}
