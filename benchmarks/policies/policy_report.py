@@ -2,8 +2,8 @@
 
 Every policy is evaluated on the same episodes (task variation and reset seed per episode index) of every task, for
 each training seed; the intervals are 95 % percentile intervals of a paired bootstrap over those episodes, the
-seeds' episodes pooled (`benchmarks/quality/evaluate.py`'s `Bootstrap`). They cover the evaluation's noise, not
-the training seeds' spread, which the per-seed table shows.
+seeds' episodes pooled (`benchmarks/paired.py`'s `Bootstrap`, as the quality benchmark's). They cover the
+evaluation's noise, not the training seeds' spread, which the per-seed table shows.
 """
 
 from __future__ import annotations
@@ -17,22 +17,10 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import MERGES, _quality  # noqa: E402
-
-E = _quality("evaluate")
-STATS_KEYS = (
-    "density",
-    "unique_share",
-    "shared_with_1_share",
-    "shared_with_2plus_share",
-    "rho_counted",
-    "lambda",
-    "active",
-    "numel",
-    "magnitude_unique_share",
-    "single_step_share",
-)
+# this benchmark's modules by name, then those it shares with the quality benchmark (benchmarks/staging.py)
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+import paired  # noqa: E402
+from staging import AGENT_STATS, MERGES  # noqa: E402
 
 
 def _num(x):
@@ -57,8 +45,8 @@ def build(cfg: dict, runs: list[dict], machine: dict, commit: str | None, config
     rows = list(runs[0]["success"])
     # the seeds' episodes pooled: item i of a task is (seed, episode), the same for every policy
     correct = {row: {t: [x for run in runs for x in run["success"][row][t]] for t in tasks} for row in rows}
-    bs = E.Bootstrap(correct, tasks, cfg["eval"]["bootstrap"], seed=0)
-    rate = {row: {t: E.summary(correct[row][t]) for t in tasks} for row in rows}
+    bs = paired.Bootstrap(correct, tasks, cfg["eval"]["bootstrap"], seed=0)
+    rate = {row: {t: paired.summary(correct[row][t]) for t in tasks} for row in rows}
 
     gains = {}
     for t in tasks:
@@ -93,7 +81,9 @@ def build(cfg: dict, runs: list[dict], machine: dict, commit: str | None, config
             entry.update(method=spec.method, shared_parameters=spec.shared, per_model_parameters=spec.per_model)
             retained = {}
             for t in valid:
-                point = E.retained_share(rate[row][t]["acc"], rate["base"][t]["acc"], rate[specialists[t]][t]["acc"])
+                point = paired.retained_share(
+                    rate[row][t]["acc"], rate["base"][t]["acc"], rate[specialists[t]][t]["acc"]
+                )
                 lo, hi = bs.interval(bs.retained(row, "base", specialists, t))
                 retained[t] = {"share": _num(point), "ci": [_num(lo), _num(hi)]}
             entry["retained"] = retained
@@ -136,7 +126,7 @@ def build(cfg: dict, runs: list[dict], machine: dict, commit: str | None, config
             for a in stats["agents"]:
                 path = paths.get(a.get("label"), a.get("model", "")).split("@")[0]
                 task = by_path.get(path) or next((t for t in tasks if Path(path).stem == t), path)
-                agents[task] = {k: _num(a.get(k)) if isinstance(a.get(k), float) else a.get(k) for k in STATS_KEYS}
+                agents[task] = {k: _num(a.get(k)) if isinstance(a.get(k), float) else a.get(k) for k in AGENT_STATS}
             pairs = []
             for p in stats.get("pairs", []):
                 names = [by_path.get(m) or Path(m).stem for m in (paths.get(a, a).split("@")[0] for a in p["agents"])]
@@ -184,7 +174,7 @@ def seed_interval(xs: list[float], level: float = 0.95) -> tuple[float, float] |
 
 def _seed_retained(run: dict, row: str, specialists: dict[str, str], tasks: list[str]) -> float | None:
     shares = [
-        E.retained_share(_seed_rate(run, row, t), _seed_rate(run, "base", t), _seed_rate(run, specialists[t], t))
+        paired.retained_share(_seed_rate(run, row, t), _seed_rate(run, "base", t), _seed_rate(run, specialists[t], t))
         for t in tasks
     ]
     shares = [x for x in shares if math.isfinite(x)]
@@ -337,19 +327,9 @@ def chart(res: dict, path: Path) -> None:
     fig.colorbar(image, ax=ax, shrink=0.7)
     ax = axes[1]
     merges = [r for r in rows if res["models"][r].get("retained_mean")]
-    shares = [100 * res["models"][m]["retained_mean"]["share"] for m in merges]
-    cis = [res["models"][m]["retained_mean"]["ci"] for m in merges]
-    err = [
-        [0 if c[0] is None else max(0.0, s - 100 * c[0]) for s, c in zip(shares, cis, strict=True)],
-        [0 if c[1] is None else max(0.0, 100 * c[1] - s) for s, c in zip(shares, cis, strict=True)],
-    ]
-    colors = ["tab:red" if res["models"][m]["method"] == "ramplus" else "tab:gray" for m in merges]
-    ax.barh(range(len(merges)), shares, xerr=err, color=colors, capsize=3)
-    ax.set_yticks(range(len(merges)), [res["models"][m]["label"] for m in merges], fontsize=8)
-    ax.invert_yaxis()
-    ax.axvline(100, color="black", lw=0.8, ls="--")
-    ax.axvline(0, color="black", lw=0.8)
-    ax.set_xlabel("share of the specialists' gains kept (%)\nmean over tasks, 95 % CI")
+    paired.retained_bars(
+        ax, res["models"], merges, "share of the specialists' gains kept (%)\nmean over tasks, 95 % CI"
+    )
     fig.suptitle(f"Meta-World policies, seeds {res['seeds']}: merges of {len(tasks)} SAC specialists", fontsize=11)
     fig.savefig(path, dpi=110)
     plt.close(fig)

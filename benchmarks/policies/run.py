@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import importlib.util
 import itertools
 import json
 import os
@@ -34,28 +32,15 @@ import numpy as np
 import yaml
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# this benchmark's modules by name, then those it shares with the quality benchmark (benchmarks/staging.py)
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 import rl  # noqa: E402
+import staging  # noqa: E402
+from staging import MERGES, Merge, Stage, log, run_tool, seed_of  # noqa: E402
 
-
-def _quality(name: str):
-    """A module of benchmarks/quality (its stage cache, merges and bootstrap), loaded under its own name."""
-    key = f"quality_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, HERE.parent / "quality" / f"{name}.py")
-        assert spec and spec.loader
-        sys.modules[key] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[key]
-
-
-Q = _quality("run")
-Stage, key_of, seed_of, log, run_tool = Q.Stage, Q.key_of, Q.seed_of, Q.log, Q.run_tool
-MERGES, Merge = Q.MERGES, Q.Merge
 BIN = Path(sys.executable).parent
 #: bumped when a stage's code changes what it builds (part of every cache key of that stage)
 VERSIONS = {"pbase": 1, "pagent": 1, "pmerge": 1, "pinspect": 1, "peval": 1}
-Q.VERSIONS.update(VERSIONS)
 
 SAC = {
     "lr": 3e-4,
@@ -67,8 +52,10 @@ SAC = {
     "learning_starts": 2000,
     "log_every": 5000,
 }
+#: the packages a policies result depends on besides those of every benchmark (`staging.machine`)
+PACKAGES = ("metaworld", "mujoco", "gymnasium", "stable-baselines3")
 #: the quality benchmark's merges: mergekit's methods and the `ramplus` r and ε sweeps
-MERGE_NAMES = list(Q.ALL_MERGES)
+MERGE_NAMES = list(staging.ALL_MERGES)
 CONFIGS: dict[str, dict] = {
     "full": {
         "seeds": [0, 1, 2, 3],
@@ -116,17 +103,7 @@ TUNED: dict[str, dict] = {
     "dare_ties": {"method": "dare_ties", "density": [0.5, 0.9], "weight": [1.0, 0.5]},
 }
 #: the regime run's fixed merges: averaging, RAM and RAM+ with its r, RAM+s and ε ablation
-REGIME_MERGES = [
-    "linear",
-    "ram",
-    "ramplus",
-    "ramplus_s",
-    "ramplus_r0",
-    "ramplus_r0.05",
-    "ramplus_r0.2",
-    "ramplus_eps1e-4",
-    "ramplus_eps1e-3",
-]
+REGIME_MERGES = ["linear", *staging.RAM_MERGES]
 CONFIGS["regime"] = {
     # issue 42: agents that fine-tune one strong base (trained once, published), a verdict over ten seeds
     "regime": True,
@@ -199,6 +176,7 @@ class Pipeline:
         #: the one-hot layout: the base's tasks (the agents' tasks when the base has no others)
         self.layout = list(cfg.get("base_tasks", self.tasks))
         self.published, self.replay = published, replay
+        self.key_of = staging.StageKeys(VERSIONS)
         self.stages: dict[str, dict] = {}
         self.env = {
             **os.environ,
@@ -222,14 +200,11 @@ class Pipeline:
             if self.replay:
                 raise SystemExit(f"replay: seed {self.seed}'s {name} (stage {stage.key}) is not in {index}")
             return
-        tmp = stage.folder.with_name(stage.folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        shutil.rmtree(stage.tmp, ignore_errors=True)
+        stage.tmp.mkdir(parents=True)
         for dest, src in entry["files"].items():
-            shutil.copyfile(self.published / src, tmp / dest)
-        (tmp / "stage.json").write_text(json.dumps(entry["meta"], indent=1))
-        shutil.rmtree(stage.folder, ignore_errors=True)
-        tmp.rename(stage.folder)
+            shutil.copyfile(self.published / src, stage.tmp / dest)
+        stage.place(entry["meta"])
         log(f"seed {self.seed}: {name} from {self.published}")
 
     def base(self) -> tuple[Path, str]:
@@ -238,7 +213,7 @@ class Pipeline:
         payload = {"tasks": self.layout, "horizon": self.cfg["horizon"], "sac": self.cfg["base"]}
         if not once:
             payload["seed"] = self.seed
-        key = key_of("pbase", payload)
+        key = self.key_of("pbase", payload)
         stage = Stage(self.root / f"base-{key}", key, payload)
         self._adopt(stage, "base")
         seed = self.cfg["base"]["seed"] if once else seed_of("base", self.seed)
@@ -269,7 +244,7 @@ class Pipeline:
             todo.append(("multitask SAC", self.tasks, sac, payload, seed_of("multitask", self.seed)))
         out, missing = {}, []
         for row, task, sac, payload, seed in todo:
-            key = key_of("pagent", payload)
+            key = self.key_of("pagent", payload)
             label = "multitask" if row == "multitask SAC" else task
             stage = Stage(self.root / f"agent-{label}-{key}", key, payload)
             self._adopt(stage, row)
@@ -298,13 +273,12 @@ class Pipeline:
     def merge_config(self, spec, base: Path, agents: dict[str, Path], dtype: str) -> dict:
         """The quality benchmark's mergekit config of merge `spec`, its models being files, in `dtype`."""
         spec = MERGES[spec] if isinstance(spec, str) else spec
-        config = Q.Pipeline.merge_config(self, spec, base, {t: (p, "") for t, p in agents.items()})
-        return {**config, "dtype": dtype}
+        return staging.merge_config(spec, base, list(agents.values()), dtype)
 
     def bf16_inputs(self, base: Path, base_key: str, agents: dict[str, tuple[Path, str]]) -> tuple[Path, dict]:
         """The same actors rounded to bfloat16 (the dtype of the paper's agents), for inspect and merges."""
         payload = {"base": base_key, "agents": [k for _, k in agents.values()]}
-        key = key_of("pmerge", {"bf16_inputs": payload})
+        key = self.key_of("pmerge", {"bf16_inputs": payload})
         stage = Stage(self.root / f"bf16-{key}", key, payload)
 
         def build(tmp: Path) -> dict:
@@ -335,7 +309,7 @@ class Pipeline:
                 "pythonhashseed": self.env["PYTHONHASHSEED"],
                 "mergekit": version("mergekit"),
             }
-            key = key_of("pmerge", payload)
+            key = self.key_of("pmerge", payload)
             stage = Stage(self.root / "merges" / f"{spec.method}-{dtype}-{key}", key, payload)
             out[row] = stage.folder / "model" / "model.safetensors"
             if not stage.done and all(stage.folder != s.folder for *_, s in todo):
@@ -346,11 +320,11 @@ class Pipeline:
             log(f"seed {self.seed}: {len(todo)} merges (mergekit-pytorch, in one process)")
             batch = []
             for _, spec, dtype, b, ag, random_seed, stage in todo:
-                tmp = stage.folder.with_name(stage.folder.name + ".tmp")
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-                (tmp / "merge.yaml").write_text(yaml.safe_dump(self.merge_config(spec, b, ag, dtype), sort_keys=False))
-                batch.append([str(tmp / "merge.yaml"), str(tmp / "model"), "--random-seed", str(random_seed)])
+                shutil.rmtree(stage.tmp, ignore_errors=True)
+                stage.tmp.mkdir(parents=True)
+                config_path = stage.tmp / "merge.yaml"
+                config_path.write_text(yaml.safe_dump(self.merge_config(spec, b, ag, dtype), sort_keys=False))
+                batch.append([str(config_path), str(stage.tmp / "model"), "--random-seed", str(random_seed)])
             jobs_file = self.root / "merges" / f"batch-{os.getpid()}.json"
             jobs_file.parent.mkdir(parents=True, exist_ok=True)
             jobs_file.write_text(json.dumps(batch))
@@ -359,10 +333,9 @@ class Pipeline:
                      self.env)  # fmt: skip
             each = (time.perf_counter() - start) / len(todo)
             for row, *_, random_seed, stage in todo:
-                tmp = stage.folder.with_name(stage.folder.name + ".tmp")
-                config = yaml.safe_load((tmp / "merge.yaml").read_text())
+                config = yaml.safe_load((stage.tmp / "merge.yaml").read_text())
                 command = f"PYTHONHASHSEED=0 mergekit-pytorch merge.yaml model --random-seed {random_seed}"
-                meta = _finish(stage, tmp, each, {"config": config, "command": command})
+                meta = stage.finish(each, {"config": config, "command": command})
                 self._record(f"merge {row}", meta, False, ("config", "command"))
         return out
 
@@ -433,7 +406,7 @@ class Pipeline:
         """θ_base + α τ for each specialist and each α of `interpolate`: {task: {α: file}}."""
         alphas = list(self.cfg.get("interpolate", []))
         payload = {"base": base_key, "agents": [agents[t][1] for t in self.tasks], "alphas": alphas}
-        key = key_of("pmerge", {"interpolate": payload})
+        key = self.key_of("pmerge", {"interpolate": payload})
         stage = Stage(self.root / f"interp-{key}", key, payload)
 
         def build(tmp: Path) -> dict:
@@ -461,7 +434,7 @@ class Pipeline:
             if dtype not in self.cfg["inspect"]:
                 continue
             payload = {"base": base_key, "agents": [k for _, k in agents.values()], "dtype": dtype}
-            key = key_of("pinspect", payload)
+            key = self.key_of("pinspect", payload)
             stage = Stage(self.root / f"inspect-{dtype}-{key}", key, payload)
 
             def build(tmp: Path, b=b, ag=ag, dtype=dtype) -> dict:
@@ -505,7 +478,7 @@ class Pipeline:
             payload.update(episodes=episodes, seed=ev["seed"])
             if variation_seed != rl.VARIATION_SEED or first:
                 payload.update(variation_seed=variation_seed, first=first)
-            key = key_of("peval", payload)
+            key = self.key_of("peval", payload)
             todo.append((row, task, path, Stage(self.root / "eval" / f"{task}-{key}", key, payload)))
         # one build per stage folder: two rows with the same bytes share one folder (two processes building it at
         # once raced on its temporary folder)
@@ -550,16 +523,6 @@ def grid_points(family: str, spec: dict) -> list[tuple[str, Merge, dict]]:
 
 
 SHORT = {"weight": "w", "density": "d", "lambda": "λ"}
-
-
-def _finish(stage: Stage, tmp: Path, seconds: float, extra: dict) -> dict:
-    """Complete a stage whose files another process wrote into its temporary folder (as `Stage.build` does)."""
-    meta = {"key": stage.key, "payload": stage.payload, "seconds": round(seconds, 2), **extra}
-    meta["built"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    (tmp / "stage.json").write_text(json.dumps(meta, indent=1))
-    shutil.rmtree(stage.folder, ignore_errors=True)
-    tmp.rename(stage.folder)
-    return meta
 
 
 def _digest(path: Path) -> str:
@@ -671,13 +634,6 @@ def run_regime(pipe: Pipeline, base: Path, base_key: str, agents: dict[str, tupl
     }
 
 
-def machine() -> dict:
-    info = Q.machine()
-    for pkg in ("metaworld", "mujoco", "gymnasium", "stable-baselines3"):
-        info[pkg] = version(pkg)
-    return info
-
-
 def git_commit() -> str | None:
     """HEAD, with `+changes` when the package or this benchmark differ from it (the run used uncommitted code)."""
     import subprocess
@@ -730,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         known = args.config in CONFIGS
         cfg = copy.deepcopy(CONFIGS[args.config]) if known else json.loads(Path(args.config).read_text())
-        cfg = Q.apply_overrides(cfg, args.set)
+        cfg = staging.apply_overrides(cfg, args.set)
         seeds = args.seeds if args.seeds is not None else cfg["seeds"]
         name = args.config
     unknown = [m for m in [*cfg["merges"], *cfg["bf16"]] if m not in MERGES]
@@ -748,11 +704,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import policy_report
 
+    info, commit, seconds = staging.machine(PACKAGES), git_commit(), time.perf_counter() - start
     if cfg.get("regime"):
-        res = policy_report.build_regime(cfg, runs, machine(), git_commit(), name, time.perf_counter() - start)
+        res = policy_report.build_regime(cfg, runs, info, commit, name, seconds)
         policy_report.write_regime(res, out)
     else:
-        res = policy_report.build(cfg, runs, machine(), git_commit(), name, time.perf_counter() - start)
+        res = policy_report.build(cfg, runs, info, commit, name, seconds)
         policy_report.write(res, out)
     log(f"results in {out}")
     return 0

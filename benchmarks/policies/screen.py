@@ -24,9 +24,11 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# this benchmark's modules by name, then those it shares with the quality benchmark (benchmarks/staging.py)
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 import rl  # noqa: E402
-from run import SAC, log  # noqa: E402
+from run import SAC  # noqa: E402
+from staging import log  # noqa: E402
 
 RECORD = HERE / "results" / "regime" / "screen"
 

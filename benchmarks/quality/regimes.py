@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# this benchmark's modules by name, then those it shares with the policies benchmark (benchmarks/staging.py)
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 import report as P  # noqa: E402
 
 #: pair diagnostics tried as a rule: (key, label)

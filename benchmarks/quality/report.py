@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
-import evaluate as E
 import numpy as np
-import run as R
+
+HERE = Path(__file__).resolve().parent
+# this benchmark's modules by name, then those it shares with the policies benchmark (benchmarks/staging.py)
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+import paired  # noqa: E402
+import run as R  # noqa: E402
+from staging import AGENT_STATS, MERGES  # noqa: E402
 
 
 def _num(x: float | None) -> float | None:
@@ -21,10 +27,10 @@ def build(
     """results.json's content; `formats` ({model: {task: 1/0 per item}}, the shared regime): format compliance."""
     tasks = pipe.names
     specialists = {t: f"{t} agent" for t in tasks}
-    bs = E.Bootstrap(correct, tasks, cfg["eval"]["bootstrap"], seed=cfg["seed"])
+    bs = paired.Bootstrap(correct, tasks, cfg["eval"]["bootstrap"], seed=cfg["seed"])
     # the same seed and item counts: the same resamples of items as `bs` (paired)
-    fbs = E.Bootstrap(formats, tasks, cfg["eval"]["bootstrap"], seed=cfg["seed"]) if formats else None
-    acc = {row: {t: E.summary(correct[row][t]) for t in tasks} for row in correct}
+    fbs = paired.Bootstrap(formats, tasks, cfg["eval"]["bootstrap"], seed=cfg["seed"]) if formats else None
+    acc = {row: {t: paired.summary(correct[row][t]) for t in tasks} for row in correct}
 
     gains = {}
     for t in tasks:
@@ -49,28 +55,28 @@ def build(
         mean = sum(acc[row][t]["acc"] for t in tasks) / len(tasks)
         entry: dict = {
             "kind": kind,
-            "label": R.MERGES[row].label if kind == "merge" else row,
+            "label": MERGES[row].label if kind == "merge" else row,
             "accuracy": {t: {k: _num(v) if k != "n" else v for k, v in acc[row][t].items()} for t in tasks},
             "mean": _num(mean),
             "mean_ci": [_num(x) for x in bs.interval(bs.mean(row))],
             "folder": str(folders[row]),
         }
         if formats and fbs is not None:
-            per_task = {t: E.summary(formats[row][t]) for t in tasks}
+            per_task = {t: paired.summary(formats[row][t]) for t in tasks}
             entry["format"] = {
                 "compliance": {t: {k: _num(v) if k != "n" else v for k, v in per_task[t].items()} for t in tasks},
                 "mean": _num(sum(per_task[t]["acc"] for t in tasks) / len(tasks)),
                 "mean_ci": [_num(x) for x in fbs.interval(fbs.mean(row))],
             }
         if kind == "merge":
-            spec = R.MERGES[row]
+            spec = MERGES[row]
             entry.update(method=spec.method, shared_parameters=spec.shared, per_model_parameters=spec.per_model)
             retained = {}
             for t in tasks:
                 if t not in valid:
                     retained[t] = {"share": None, "ci": [None, None], "note": "specialist gain not significant"}
                     continue
-                point = E.retained_share(acc[row][t]["acc"], acc["base"][t]["acc"], acc[specialists[t]][t]["acc"])
+                point = paired.retained_share(acc[row][t]["acc"], acc["base"][t]["acc"], acc[specialists[t]][t]["acc"])
                 lo, hi = bs.interval(bs.retained(row, "base", specialists, t))
                 retained[t] = {"share": _num(point), "ci": [_num(lo), _num(hi)]}
             entry["retained"] = retained
@@ -110,22 +116,7 @@ def build(
             return by_path.get(model.split("@")[0], model)
 
         for a in stats["agents"]:
-            density[task_of(a.get("label") or a["model"])] = {
-                k: a.get(k)
-                for k in (
-                    "density",
-                    "unique_share",
-                    "shared_with_1_share",
-                    "shared_with_2plus_share",
-                    "rho_counted",
-                    "lambda",
-                    "active",
-                    "numel",
-                    # the diagnostics (mergekit-ram inspect, stats format_version 2)
-                    "magnitude_unique_share",
-                    "single_step_share",
-                )
-            }
+            density[task_of(a.get("label") or a["model"])] = {k: a.get(k) for k in AGENT_STATS}
         for p in stats.get("pairs", []):
             a, b = (task_of(m) for m in p["agents"])
             pairs[(a, b)] = {
@@ -153,9 +144,11 @@ def build(
         }
         kept = [t for t in own if t in valid]
         if kept:
-            point = sum(
-                E.retained_share(acc[row][t]["acc"], acc["base"][t]["acc"], acc[specialists[t]][t]["acc"]) for t in kept
-            ) / len(kept)
+            shares = [
+                paired.retained_share(acc[row][t]["acc"], acc["base"][t]["acc"], acc[specialists[t]][t]["acc"])
+                for t in kept
+            ]
+            point = sum(shares) / len(kept)
             lo, hi = bs.interval(np.mean([bs.retained(row, "base", specialists, t) for t in kept], axis=0))
             result["retained_mean"] = {"share": _num(point), "ci": [_num(lo), _num(hi)], "over_tasks": kept}
         entry.setdefault("merges", {})[name] = result
@@ -542,19 +535,8 @@ def chart(res: dict, path: Path) -> Path | None:
     fig.colorbar(image, ax=ax, shrink=0.7)
     ax = axes[1]
     if merges:
-        shares = [100 * res["models"][m]["retained_mean"]["share"] for m in merges]
-        cis = [res["models"][m]["retained_mean"]["ci"] for m in merges]
-        err = [
-            [0 if c[0] is None else s - 100 * c[0] for s, c in zip(shares, cis, strict=True)],
-            [0 if c[1] is None else 100 * c[1] - s for s, c in zip(shares, cis, strict=True)],
-        ]
-        colors = ["tab:red" if res["models"][m]["method"] == "ramplus" else "tab:gray" for m in merges]
-        ax.barh(range(len(merges)), shares, xerr=err, color=colors, capsize=3)
-        ax.set_yticks(range(len(merges)), [res["models"][m]["label"] for m in merges], fontsize=8)
-        ax.invert_yaxis()
-        ax.axvline(100, color="black", lw=0.8, ls="--")
-        ax.axvline(0, color="black", lw=0.8)
-        ax.set_xlabel("retained share of the specialists' gains (%)\nmean over tasks, 95 % CI")
+        xlabel = "retained share of the specialists' gains (%)\nmean over tasks, 95 % CI"
+        paired.retained_bars(ax, res["models"], merges, xlabel)
     else:
         ax.text(0.5, 0.5, "no specialist gain is significant:\nretained share undefined", ha="center", va="center")
         ax.set_axis_off()

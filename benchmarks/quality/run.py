@@ -21,21 +21,22 @@ import hashlib
 import itertools
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
 import yaml
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# this benchmark's modules by name, then those it shares with the policies benchmark (benchmarks/staging.py)
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+import staging  # noqa: E402
 import tasks as T  # noqa: E402
+from staging import MERGES, Stage, log, run_tool, seed_of  # noqa: E402
 
 BIN = Path(sys.executable).parent
 #: bumped when a stage's code changes what it builds (part of every cache key of that stage)
@@ -45,21 +46,6 @@ VERSIONS = {"base": 1, "agent": 1, "merge": 1, "inspect": 2, "eval": 1}
 # --------------------------------------------------------------------------- #
 # Configurations
 # --------------------------------------------------------------------------- #
-ALL_MERGES = [
-    "linear",
-    "ta_mean",
-    "ta_sum",
-    "ties",
-    "dare_ties",
-    "ram",
-    "ramplus",
-    "ramplus_s",
-    "ramplus_r0",
-    "ramplus_r0.05",
-    "ramplus_r0.2",
-    "ramplus_eps1e-4",
-    "ramplus_eps1e-3",
-]
 #: merged once more on every pair of agents: the outcome (RAM+ minus task arithmetic w = 1) beside each pair's
 #: diagnostics (same-sign share, cosine), more evidence than one merge of all agents per regime
 PAIR_MERGES = ["ramplus", "ta_sum"]
@@ -111,7 +97,7 @@ CONFIGS: dict[str, dict] = {
             },
         },
         "eval": {"n": 2500, "exclude": 2500, "batch": 512, "bootstrap": 2000},
-        "merges": ALL_MERGES,
+        "merges": staging.ALL_MERGES,
         "pairs": PAIR_MERGES,
         "inspect": True,
         "jobs": 2,
@@ -148,7 +134,7 @@ CONFIGS: dict[str, dict] = {
             "probe_n": 200,
         },
         "eval": {"n": 1000, "exclude": 2500, "batch": 500, "bootstrap": 1000},
-        "merges": ALL_MERGES,
+        "merges": staging.ALL_MERGES,
         "pairs": PAIR_MERGES,
         "inspect": True,
         "jobs": 2,
@@ -232,56 +218,10 @@ CONFIGS["smoke-shared"] = _shared(
     {**CONFIGS["smoke"]["pretrain"], "steps": 20, "warmup": 2, "probe_every": 20, "format_share": 0.4},
 )
 
-RAMPLUS = {"epsilon": 1e-5, "r": 0.1, "alpha": 2.0}
-
-
-@dataclass(frozen=True)
-class Merge:
-    label: str
-    method: str
-    shared: dict | None
-    per_model: dict | str | None  # "1/N": weight 1/N for each agent
-    base: bool = True
-
-
-MERGES = {
-    "linear": Merge("linear (mean)", "linear", None, {"weight": 1.0}, base=False),
-    "ta_mean": Merge("task_arithmetic w=1/N", "task_arithmetic", {"normalize": False}, "1/N"),
-    "ta_sum": Merge("task_arithmetic w=1", "task_arithmetic", {"normalize": False}, {"weight": 1.0}),
-    "ties": Merge("ties (density 0.5, w=1)", "ties", None, {"density": 0.5, "weight": 1.0}),
-    "dare_ties": Merge("dare_ties (density 0.5, w=1)", "dare_ties", None, {"density": 0.5, "weight": 1.0}),
-    "ram": Merge("mergekit ram", "ram", {"epsilon": 1e-5}, None),
-    "ramplus": Merge("ramplus (r=0.1, α=2)", "ramplus", RAMPLUS, None),
-    "ramplus_s": Merge("ramplus RAM+s (soft, r=0.1)", "ramplus", {**RAMPLUS, "lambda_rule": "soft"}, None),
-    "ramplus_r0": Merge("ramplus r=0 (RAM)", "ramplus", {**RAMPLUS, "r": 0.0}, None),
-    "ramplus_r0.05": Merge("ramplus r=0.05", "ramplus", {**RAMPLUS, "r": 0.05}, None),
-    "ramplus_r0.2": Merge("ramplus r=0.2", "ramplus", {**RAMPLUS, "r": 0.2}, None),
-    "ramplus_eps1e-4": Merge("ramplus ε=1e-4", "ramplus", {**RAMPLUS, "epsilon": 1e-4}, None),
-    "ramplus_eps1e-3": Merge("ramplus ε=1e-3", "ramplus", {**RAMPLUS, "epsilon": 1e-3}, None),
-}
 #: the r ablation (paper Table 2), in order
 R_SWEEP = {"ramplus_r0": 0.0, "ramplus_r0.05": 0.05, "ramplus": 0.1, "ramplus_r0.2": 0.2}
 #: the change threshold: 1e-5 counts a one-ulp bf16 step of any weight as a change; larger ones ignore them
 EPS_SWEEP = {"ramplus": 1e-5, "ramplus_eps1e-4": 1e-4, "ramplus_eps1e-3": 1e-3}
-
-
-def apply_overrides(cfg: dict, sets: list[str]) -> dict:
-    """`--set a.b=value` (value parsed as JSON when it parses, else a string)."""
-    cfg = copy.deepcopy(cfg)
-    for item in sets:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set needs KEY=VALUE, got {item!r}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node = cfg
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return cfg
 
 
 def rl_settings(cfg: dict, task: str) -> dict:
@@ -307,65 +247,6 @@ def check_config(cfg: dict) -> None:
 # --------------------------------------------------------------------------- #
 # Caching
 # --------------------------------------------------------------------------- #
-def key_of(kind: str, payload: dict) -> str:
-    blob = json.dumps({"kind": kind, "version": VERSIONS[kind], **payload}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def seed_of(*parts: object) -> int:
-    return int(hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:8], 16)
-
-
-def log(msg: str) -> None:
-    print(f"[{datetime.datetime.now().strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-class Stage:
-    """A folder that is complete once its stage.json exists; built in a temporary sibling and renamed."""
-
-    def __init__(self, folder: Path, key: str, payload: dict):
-        self.folder, self.key, self.payload = folder, key, payload
-        self.meta_path = folder / "stage.json"
-
-    @property
-    def done(self) -> bool:
-        return self.meta_path.exists()
-
-    def meta(self) -> dict:
-        return json.loads(self.meta_path.read_text())
-
-    def build(self, fn) -> tuple[dict, bool]:
-        """(stage.json contents, cached?) — runs fn(tmp_folder) -> dict of extra metadata when not cached."""
-        if self.done:
-            return self.meta(), True
-        tmp = self.folder.with_name(self.folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        extra = fn(tmp)
-        meta = {
-            "key": self.key,
-            "payload": self.payload,
-            "seconds": round(time.perf_counter() - start, 2),
-            "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            **extra,
-        }
-        tmp.mkdir(parents=True, exist_ok=True)
-        (tmp / "stage.json").write_text(json.dumps(meta, indent=1))
-        shutil.rmtree(self.folder, ignore_errors=True)
-        tmp.rename(self.folder)
-        return meta, False
-
-
-def run_tool(cmd: list[str], log_path: Path, env: dict) -> subprocess.CompletedProcess:
-    """Run a mergekit / mergekit-ram command, keep its output in `log_path`, raise with its stderr if it fails."""
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    log_path.write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return done
-
-
 def files_digest(folder: Path) -> str:
     """sha256 over the model's weight files (names and bytes)."""
     h = hashlib.sha256()
@@ -395,6 +276,7 @@ class Pipeline:
         self.held_out = {n: T.eval_set(n, p, ev["exclude"], self.seed) for n, p in cfg["tasks"].items()}
         self.eval_items = {n: items[: ev["n"]] for n, items in self.held_out.items()}
         self.exclude = {p for items in self.held_out.values() for p, _ in items}
+        self.key_of = staging.StageKeys(VERSIONS)
         self.stages: dict[str, dict] = {}
         #: the merge rows in order (`merge_rows`), and {pair row: (merge name, agent A, agent B)}, set by `merges`
         self.rows: list[str] = []
@@ -415,7 +297,7 @@ class Pipeline:
             "seed": self.seed,
             "exclude": self.cfg["eval"]["exclude"],
         }
-        key = key_of("base", payload)
+        key = self.key_of("base", payload)
         stage = Stage(self.root / "base" / key, key, payload)
 
         def build(tmp: Path) -> dict:
@@ -449,7 +331,7 @@ class Pipeline:
             "seed": self.seed,
             "exclude": self.cfg["eval"]["exclude"],
         }
-        key = key_of("base", payload)
+        key = self.key_of("base", payload)
         stage = Stage(self.root / "base" / key, key, payload)
 
         def build(tmp: Path) -> dict:
@@ -486,7 +368,7 @@ class Pipeline:
             if self.fmt:
                 rl["format"] = self.fmt
             payload = {"base": base_key, "task": name, "task_params": self.cfg["tasks"][name], "rl": rl}
-            key = key_of("agent", payload)
+            key = self.key_of("agent", payload)
             stage = Stage(self.root / "agents" / key, key, payload)
 
             def build(tmp: Path, name=name, rl=rl, key=key) -> dict:
@@ -507,24 +389,6 @@ class Pipeline:
         return out
 
     # -- merges -------------------------------------------------------------
-    def merge_config(self, spec: Merge, base: Path, agents: dict[str, tuple[Path, str]]) -> dict:
-        models = []
-        for path, _ in agents.values():
-            entry: dict = {"model": str(path)}
-            if spec.per_model == "1/N":
-                entry["parameters"] = {"weight": 1.0 / len(agents)}
-            elif spec.per_model:
-                entry["parameters"] = dict(spec.per_model)
-            models.append(entry)
-        cfg: dict = {"merge_method": spec.method}
-        if spec.base:
-            cfg["base_model"] = str(base)
-        cfg["models"] = models
-        if spec.shared:
-            cfg["parameters"] = dict(spec.shared)
-        cfg["dtype"] = "bfloat16"
-        return cfg
-
     def merge_rows(self, agents: dict[str, T_Agent]) -> dict[str, tuple[str, dict[str, T_Agent]]]:
         """{row: (merge name, the agents it merges)}: each of `merges` on all agents, then each of `pairs` on
         every pair of agents (row `NAME A+B`; with two agents the same merge as NAME, so the same cached folder)."""
@@ -549,7 +413,7 @@ class Pipeline:
                 "seed": self.seed,
                 "mergekit": version("mergekit"),
             }
-            key = key_of("merge", payload)
+            key = self.key_of("merge", payload)
             stage = Stage(self.root / "merges" / f"{name}-{key}", key, payload)
             out[row] = stage.folder / "model"
             todo.append((row, spec, stage, merged))
@@ -559,7 +423,7 @@ class Pipeline:
 
             def build(tmp: Path) -> dict:
                 tmp.mkdir(parents=True)
-                config = self.merge_config(spec, base, merged)
+                config = staging.merge_config(spec, base, [p for p, _ in merged.values()], "bfloat16")
                 cfg_path = tmp / "merge.yaml"
                 cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
                 cmd = [
@@ -611,12 +475,12 @@ class Pipeline:
         if not self.cfg["inspect"]:
             return None
         payload = {"base": base_key, "agents": [k for _, k in agents.values()], "mergekit": version("mergekit")}
-        key = key_of("inspect", payload)
+        key = self.key_of("inspect", payload)
         stage = Stage(self.root / "inspect" / key, key, payload)
 
         def build(tmp: Path) -> dict:
             tmp.mkdir(parents=True)
-            config = self.merge_config(MERGES["ramplus"], base, agents)
+            config = staging.merge_config(MERGES["ramplus"], base, [p for p, _ in agents.values()], "bfloat16")
             (tmp / "ramplus.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
             cmd = [
                 str(BIN / "mergekit-ram"),
@@ -658,7 +522,7 @@ class Pipeline:
             }
             if self.fmt:
                 payload["format"] = self.fmt
-            key = key_of("eval", payload)
+            key = self.key_of("eval", payload)
             path = self.root / "evals" / f"{key}.json"
             if path.exists():
                 stored = json.loads(path.read_text())
@@ -710,30 +574,6 @@ class Pipeline:
 # --------------------------------------------------------------------------- #
 # Main
 # --------------------------------------------------------------------------- #
-def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
-    try:  # the vector ISA torch's CPU kernels use: float results (so the trained weights) depend on it
-        import torch
-
-        info["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    except (ImportError, AttributeError):
-        info["torch_cpu_capability"] = None
-    for pkg in ("torch", "transformers", "mergekit", "mergekit-ram", "numpy"):
-        try:
-            info[pkg] = version(pkg)
-        except Exception:
-            info[pkg] = None
-    return info
-
-
 def git_commit() -> str | None:
     """HEAD, with `+changes` when the package or this benchmark differ from it (the run used uncommitted code)."""
     try:
@@ -773,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg, name = CONFIGS[args.config], args.config
     else:
         cfg, name = json.loads(Path(args.config).read_text()), Path(args.config).stem
-    cfg = apply_overrides(cfg, args.set)
+    cfg = staging.apply_overrides(cfg, args.set)
     check_config(cfg)
     root = args.root.resolve()
     out = (args.out or root / "results" / name).resolve()
@@ -812,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
             "root": str(root),
             "git_commit": git_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine(),
+            "machine": staging.machine(),
             "stages": pipe.stages,
             "runtime_s": round(time.perf_counter() - start, 1),
             # what building every stage from scratch took (cached stages: their recorded build time)
