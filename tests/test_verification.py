@@ -416,13 +416,11 @@ def test_json_schema(abc, tmp_path, capsys):
 # ---------------------------------------------------------------- the mergekit-pytorch door
 
 
-def test_mergekit_pytorch_output_verifies(qwen_bf16, tmp_path, capsys):
-    """A `mergekit-pytorch` merge of weight files records its config in ram_stats.json's `merge` record; verify
-    plans it again with mergekit's `plan_flat_merge`, finds it identical, and names one moved element."""
+def flat_merge(files: dict[str, Path], tmp_path: Path) -> Path:
+    """`mergekit-pytorch` of A and B (`files`: base, A, B) into tmp_path/flat-out."""
     from mergekit.scripts.merge_raw_pytorch import main as flat
 
     config = tmp_path / "flat.yml"
-    files = {who: str(qwen_bf16.paths[who] / "model.safetensors") for who in ("base", "A", "B")}
     config.write_text(
         f"merge_method: ramplus\nbase_model: {files['base']}\nmodels:\n"
         f"  - model: {files['A']}\n  - model: {files['B']}\ndtype: bfloat16\n",
@@ -430,6 +428,13 @@ def test_mergekit_pytorch_output_verifies(qwen_bf16, tmp_path, capsys):
     )
     out = tmp_path / "flat-out"
     flat([str(config), str(out), "--quiet"], standalone_mode=False)
+    return out
+
+
+def test_mergekit_pytorch_output_verifies(qwen_bf16, tmp_path, capsys):
+    """A `mergekit-pytorch` merge of weight files records its config in ram_stats.json's `merge` record; verify
+    plans it again with mergekit's `plan_flat_merge`, finds it identical, and names one moved element."""
+    out = flat_merge({who: qwen_bf16.paths[who] / "model.safetensors" for who in ("base", "A", "B")}, tmp_path)
     record = read_stats(out)["merge"]
     assert record["entry_point"] == "mergekit-pytorch" and record["config"]["merge_method"] == "ramplus"
     code, text, err = verify(out, capsys)
@@ -445,21 +450,12 @@ def test_mergekit_pytorch_input_missing_or_copied_under_another_name(qwen_bf16, 
     import json
     import shutil
 
-    from mergekit.scripts.merge_raw_pytorch import main as flat
-
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     files = {who: inputs / f"{who}.safetensors" for who in ("base", "A", "B")}
     for who, path in files.items():
         shutil.copyfile(qwen_bf16.paths[who] / "model.safetensors", path)
-    config = tmp_path / "flat.yml"
-    config.write_text(
-        f"merge_method: ramplus\nbase_model: {files['base']}\nmodels:\n"
-        f"  - model: {files['A']}\n  - model: {files['B']}\ndtype: bfloat16\n",
-        encoding="utf-8",
-    )
-    out = tmp_path / "flat-out"
-    flat([str(config), str(out), "--quiet"], standalone_mode=False)
+    out = flat_merge(files, tmp_path)
     copy = tmp_path / "elsewhere" / "agent-a-renamed.safetensors"
     copy.parent.mkdir()
     files["A"].rename(copy)

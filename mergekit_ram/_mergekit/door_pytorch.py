@@ -30,23 +30,15 @@ class PytorchDoor:
     names = surface.FLAT
     planned_from = "the recorded config"
 
-    def __init__(
-        self,
-        config: Any,
-        options: Any,
-        tensor_union: bool = False,
-        tensor_intersection: bool = False,
-        *,
-        record: dict | None = None,
-        copies: Mapping[str, str] | None = None,
-        where: str = "the config",
-    ):
+    #: `verify` (`of_record`): the record read, the user's copies of inputs and what they stand for
+    record: dict | None = None
+    copies: Mapping[str, str] = {}
+    labels: Mapping[str, str] = {}
+    where = "the config"
+
+    def __init__(self, config: Any, options: Any, tensor_union: bool = False, tensor_intersection: bool = False):
         self.config, self.options = config, options
         self.tensor_union, self.tensor_intersection = bool(tensor_union), bool(tensor_intersection)
-        self.copies: Mapping[str, str] = copies or {}
-        self.labels: Mapping[str, str] = {local: name for name, local in self.copies.items()}
-        self.where = where
-        self.record = record
 
     @classmethod
     def of_record(cls, folder: str, recorded: dict, record: dict, options: Any, copies: Mapping[str, str]):
@@ -60,8 +52,10 @@ class PytorchDoor:
             raise errors.Unreadable(f"{stats}: its merge record holds no mergekit-pytorch config") from error
         if not resolves_to_ours(config.merge_method):
             raise errors.NotVerifiable(f"{stats} records a {config.merge_method!r} merge; verify checks ramplus merges")
-        union, intersection = bool(record.get("tensor_union")), bool(record.get("tensor_intersection"))
-        return cls(config, options, union, intersection, record=record, copies=copies, where=stats)
+        door = cls(config, options, bool(record.get("tensor_union")), bool(record.get("tensor_intersection")))
+        door.record, door.copies, door.where = record, copies, stats
+        door.labels = {local: name for name, local in copies.items()}
+        return door
 
     def _record(self) -> dict[str, Any]:
         """ram_stats.json's `merge` record of a merge through this door: what `verify` plans again."""

@@ -30,24 +30,15 @@ class YamlDoor:
     entry_point = ENTRY_POINT
     names = surface.MERGE
 
-    def __init__(
-        self,
-        config: Any,
-        options: Any,
-        *,
-        run_merge: bool = False,
-        card: bool = False,
-        record: dict | None = None,
-        labels: Mapping[str, str] | None = None,
-        copies: Mapping[str, str] | None = None,
-        where: str = record_checks.CONFIG_FILE,
-    ):
+    #: `verify` (`of_record`): the record read, the user's copies of inputs, each input now -> as recorded
+    record: dict | None = None
+    copies: Mapping[str, str] = {}
+    labels: Mapping[str, str] = {}
+    where = planned_from = record_checks.CONFIG_FILE
+
+    def __init__(self, config: Any, options: Any, *, run_merge: bool = False, card: bool = False):
         self.config, self.options = config, options
         self.run_merge, self.card = run_merge, card
-        self.record = record
-        self.labels: Mapping[str, str] = labels or {}
-        self.copies: Mapping[str, str] = copies or {}
-        self.where, self.planned_from = where, record_checks.CONFIG_FILE
 
     @classmethod
     def of_config(cls, config: Any, options: Any, tensor_union: bool = False, tensor_intersection: bool = False):
@@ -76,7 +67,9 @@ class YamlDoor:
         from mergekit.io.tasks import LoaderCache
 
         LoaderCache().setup(options=options)
-        return cls(config, options, record=record, labels=labels, copies=copies, where=path)
+        door = cls(config, options)
+        door.record, door.labels, door.copies, door.where = record, labels, copies, path
+        return door
 
     def session(
         self, mode: Mode, *, check_parameters: bool = True, labels: Mapping[str, str] | None = None
