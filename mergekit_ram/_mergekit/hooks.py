@@ -1,11 +1,11 @@
-"""The mergekit functions we wrap: a merge through either door (`door_yaml`, `door_pytorch`), in the door-free
-`pipeline` (other merge methods pass through).
+"""The mode merge: the mergekit functions we wrap, each merge one body (`_merge`) over its door (`door_yaml`,
+`door_pytorch`) on the door-free `pipeline` (other merge methods pass through).
 
 - `mergekit.merge.run_merge`: a `ramplus` merge runs as one `MergeSession`
   (made current for this thread or task), checks its input files first, loads
   tensors in linear time (`loading`), and writes `ram_stats.json` last, after
   mergekit's config, card and tokenizer: its presence marks a finished merge,
-  so an interrupted one (killed, disk full) never looks complete (`_merge`);
+  so an interrupted one (killed, disk full) never looks complete;
 - `MergePlanner._plan`: check the config, let mergekit plan, then run the
   statistics pass on the planned tasks (`pipeline.prepare`);
 - `MergePlanner.plan_to_disk`: refuse an output folder inside an input model,
@@ -13,7 +13,7 @@
 - `mergekit.merge.generate_card`: append the "RAM+ statistics" section;
 - `mergekit.scripts.merge_raw_pytorch.plan_flat_merge` (`mergekit-pytorch`, whose `main` looks it up
   in its module when it runs): a `ramplus` config is planned as one
-  `MergeSession` on the same pipeline (`_merge_flat`): input files and the output folder
+  `MergeSession` on the same pipeline: input files and the output folder
   checked, statistics counted, rho in every task, `ram_stats.json` a task after the model;
 - `ramplus._execute` (mergekit's `GroupMergeMethod._execute`, on our method object only):
   hand the dtype a tensor is written in to the kernel, which rounds once, to it.
@@ -98,88 +98,88 @@ def install_flat() -> None:
     round_once(method.ramplus)
 
 
-def _plan_flat_merge(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
-    def plan_flat_merge(
-        config: Any, out_path: str, tensor_union: bool, tensor_intersection: bool, options: Any
-    ) -> list[Any]:
-        if not resolves_to_ours(config.merge_method):
-            method.refuse_foreign(config.merge_method)  # `ramplus` owned by another package
-            output_checks.remove_foreign_statistics(out_path)
-            return original(config, out_path, tensor_union, tensor_intersection, options)
-        door = door_pytorch.PytorchDoor(config, options, tensor_union, tensor_intersection)
-        return _merge_flat(door, original, out_path)
-
-    return plan_flat_merge
-
-
-def _merge_flat(door: door_pytorch.PytorchDoor, plan_flat_merge: Callable[..., list[Any]], out_path: str) -> list[Any]:
-    """mergekit's `plan_flat_merge` of a `ramplus` config as one `MergeSession`: config, devices, input files and
-    output folder checked before any file is opened, planned by mergekit, counted (or from the cache), rho in
-    every merge task, the table printed; `ram_stats.json` (and the removal of an earlier merge's stale weight
-    files) a task after mergekit's `FinalizeModel`."""
+def _merge(door: Any, out_path: str | None, run: Callable[[session.MergeSession, Any], Any]) -> Any:
+    """One `ramplus` merge through `door` as one `MergeSession`, made current: the config, the device flags and the
+    input files checked before any file is opened, tensors loaded in linear time; `run(current, before)` is the
+    rest, as mergekit shapes it at this door (`before`: the output folder's weight files, for the removal of an
+    earlier merge's stale ones)."""
     current = door.session(Mode.MERGE)
     with session.active(current):
         pipeline.check_config(current)
         config_checks.check_devices(door.options)
         door.check_inputs()
-        output_checks.check_output_files(door.inputs(), out_path)
-        output_checks.remove_stale_statistics(out_path)
-        before = output_checks.weight_files(out_path)
-        loading.install()  # linear-time tensor loading, while this session is current (the statistics pass)
-        union, intersection = door.tensor_union, door.tensor_intersection
-        with flat.planning(door.options):
-            planned_flat = plan_flat_merge(door.config, out_path, union, intersection, door.options)
-        plan = flat.of_flat(planned_flat, door.config, door.options, resolves_to_ours, intersection=intersection)
-        pipeline.prepare(plan, current)
-        planned = plan.tasks()
-        if current.report is not None:
-            pipeline.queue_statistics(current, planned, out_path, before)
-    return planned
+        loading.install()  # linear-time tensor loading, while this session is current (fast_loading)
+        return run(current, output_checks.weight_files(out_path))
 
 
 def _run_merge(run_merge: Callable[..., Any]) -> Callable[..., Any]:
+    """mergekit's `run_merge` merges inside: `_plan` counts and `_plan_to_disk` queues the statistics there; then
+    an earlier merge's stale weights are removed and `ram_stats.json` is written, last."""
+
     def run_merge_wrapper(merge_config: Any, *args: Any, **kwargs: Any) -> Any:
+        out_path = args[0] if args else kwargs.get("out_path")
         if not resolves_to_ours(merge_config.merge_method):
             method.refuse_foreign(merge_config.merge_method)  # `ramplus` owned by another package
-            output_checks.remove_foreign_statistics(args[0] if args else kwargs.get("out_path"))
+            output_checks.remove_foreign_statistics(out_path)
             return run_merge(merge_config, *args, **kwargs)
-        return _merge(run_merge, merge_config, *args, **kwargs)
+        options = args[1] if len(args) > 1 else kwargs.get("options")
+        config_source = args[2] if len(args) > 2 else kwargs.get("config_source")
+        card = config_source is None and getattr(options, "write_model_card", False)
+
+        def run(current: session.MergeSession, before: Any) -> Any:
+            try:
+                result = run_merge(merge_config, *args, **kwargs)
+                output_checks.remove_stale_weights(out_path, before)
+                for folder, payload in current.pending:  # last: the marker of a finished merge
+                    pipeline.write_statistics(folder, payload)
+                return result
+            except BaseException as error:
+                if out_path and os.path.isdir(out_path) and current.pending:
+                    LOG.error(
+                        "mergekit-ram: the merge into %s stopped (%s: %s); the folder holds an incomplete model "
+                        "(a finished ramplus merge ends by writing %s)",
+                        out_path,
+                        type(error).__name__,
+                        error,
+                        output_checks.STATS_FILE,
+                    )
+                raise
+
+        return _merge(door_yaml.YamlDoor(merge_config, options, run_merge=True, card=card), out_path, run)
 
     return run_merge_wrapper
 
 
-def _merge(run_merge: Callable[..., Any], merge_config: Any, *args: Any, **kwargs: Any) -> Any:
-    """mergekit's `run_merge` of a `ramplus` config as one `MergeSession`: device flags and input files checked
-    first, tensors loaded in linear time, an earlier merge's stale weights removed, `ram_stats.json` written last
-    (`_plan` counts, `_plan_to_disk` queues the statistics, inside)."""
-    out_path = args[0] if args else kwargs.get("out_path")
-    options = args[1] if len(args) > 1 else kwargs.get("options")
-    config_source = args[2] if len(args) > 2 else kwargs.get("config_source")
-    card = config_source is None and getattr(options, "write_model_card", False)
-    door = door_yaml.YamlDoor(merge_config, options, run_merge=True, card=card)
-    current = door.session(Mode.MERGE)
-    with session.active(current):
-        config_checks.check_devices(options)
-        door.check_inputs()
-        loading.install()  # linear-time tensor loading, for this merge only (fast_loading)
-        try:
-            before = output_checks.weight_files(out_path)
-            result = run_merge(merge_config, *args, **kwargs)
-            output_checks.remove_stale_weights(out_path, before)
-            for folder, payload in current.pending:  # last: the marker of a finished merge
-                pipeline.write_statistics(folder, payload)
-            return result
-        except BaseException as error:
-            if out_path and os.path.isdir(out_path) and current.pending:
-                LOG.error(
-                    "mergekit-ram: the merge into %s stopped (%s: %s); the folder holds an incomplete model "
-                    "(a finished ramplus merge ends by writing %s)",
-                    out_path,
-                    type(error).__name__,
-                    error,
-                    output_checks.STATS_FILE,
-                )
-            raise
+def _plan_flat_merge(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+    """mergekit-pytorch's `plan_flat_merge` only plans (its `main` runs the tasks): the output folder checked, its
+    stale `ram_stats.json` removed, planned by mergekit, counted (or from the cache), rho in every merge task, the
+    table printed; `ram_stats.json` (and the removal of an earlier merge's stale weight files) a task after
+    mergekit's `FinalizeModel`."""
+
+    def plan_flat_merge(
+        config: Any, out_path: str, tensor_union: bool, tensor_intersection: bool, options: Any
+    ) -> list[Any]:  # mergekit's own signature: callers pass these by keyword
+        if not resolves_to_ours(config.merge_method):
+            method.refuse_foreign(config.merge_method)  # `ramplus` owned by another package
+            output_checks.remove_foreign_statistics(out_path)
+            return original(config, out_path, tensor_union, tensor_intersection, options)
+        door = door_pytorch.PytorchDoor(config, options, tensor_union, tensor_intersection)
+
+        def run(current: session.MergeSession, before: Any) -> list[Any]:
+            output_checks.check_output_files(door.inputs(), out_path)
+            output_checks.remove_stale_statistics(out_path)
+            with flat.planning(options):
+                planned = original(config, out_path, door.tensor_union, door.tensor_intersection, options)
+            plan = flat.of_flat(planned, config, options, resolves_to_ours, intersection=door.tensor_intersection)
+            pipeline.prepare(plan, current)
+            to_run = plan.tasks()
+            if current.report is not None:
+                pipeline.queue_statistics(current, to_run, out_path, before)
+            return to_run
+
+        return _merge(door, out_path, run)
+
+    return plan_flat_merge
 
 
 def _generate_card(generate: Callable[..., str]) -> Callable[..., str]:
