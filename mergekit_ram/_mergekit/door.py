@@ -6,7 +6,8 @@ inputs are single weight files (`door_pytorch`). Everything that differs between
 modes are written once over it (`hooks` merges, `inspection` inspects, `verification` verifies) and the
 pipeline they share knows no door (`pipeline.prepare` takes the door's `tasks.Plan`).
 
-A third door is one new module with a class of this shape, and one line in `of_config` and `of_record`.
+A third door is one new module with a class of this shape, one entry in `DOORS` and, where its config has a type
+of its own, one line in `of_config`.
 """
 
 from __future__ import annotations

@@ -99,10 +99,10 @@ def install_flat() -> None:
 
 
 def _merge(door: Any, out_path: str | None, run: Callable[[session.MergeSession, Any], Any]) -> Any:
-    """One `ramplus` merge through `door` as one `MergeSession`, made current: the config, the device flags and the
-    input files checked before any file is opened, tensors loaded in linear time; `run(current, before)` is the
-    rest, as mergekit shapes it at this door (`before`: the output folder's weight files, for the removal of an
-    earlier merge's stale ones)."""
+    """One `ramplus` merge through `door` (a `door.Door`) as one `MergeSession`, made current: the config, the
+    device flags and the input files checked before any file is opened, tensors loaded in linear time;
+    `run(current, before)` is the rest, as mergekit shapes it at this door (`before`: the output folder's weight
+    files, for the removal of an earlier merge's stale ones)."""
     current = door.session(Mode.MERGE)
     with session.active(current):
         pipeline.check_config(current)

@@ -3,10 +3,9 @@
 The folder may be a stranger's (or a merge fetched from the Hub, `hub`): its files are read as `folder_checks`
 allows (regular files inside it, JSON and YAML bounded), and its record is evidence, not an instruction
 (`record_checks.recorded_options`: no recorded option that lets code run takes effect without the user's flag).
-From the folder alone (`ram_stats.json` and, for `run_merge`, mergekit's `mergekit_config.yml`):
-
-One body over the door the record names (`door.of_record`: `door_yaml` reads `mergekit_config.yml`,
-`door_pytorch` the record's own config):
+From the folder alone (`ram_stats.json` and, for `run_merge`, mergekit's `mergekit_config.yml`), in one body over
+the door the record names (`door.of_record`: `door_yaml` reads `mergekit_config.yml`, `door_pytorch` the record's
+own config):
 
 1. the inputs are resolved as mergekit resolves them (a hub id at the revision recorded for it, a local copy
    the user names, `input_copies`) and their identities (`report.public_identity`) checked against the
