@@ -30,6 +30,8 @@ class Door(Protocol):
     names: str
     config: Any
     options: Any
+    #: `verify`: each recorded input -> the user's local copy of it (`input_copies`)
+    copies: Mapping[str, str]
     #: `verify`: each input as the config names it now -> as the record names it (a local copy, a pinned hub id)
     labels: Mapping[str, str]
     #: `verify`: where the config was read, for its errors, and how a plan mismatch names it

@@ -109,10 +109,10 @@ def _verify(
         return
     config_checks.check_devices(options)
     loading.install()
-    _run_again(door.of_record(folder, recorded, record, options, copies), folder, recorded, copies, outcome)
+    _run_again(door.of_record(folder, recorded, record, options, copies), folder, recorded, outcome)
 
 
-def _run_again(through: door.Door, folder: str, recorded: dict, copies: dict[str, str], outcome: Any) -> None:
+def _run_again(through: door.Door, folder: str, recorded: dict, outcome: Any) -> None:
     """The merge run again through its door, each tensor compared where mergekit would save it; then the files
     beside the weights."""
     surface.forget_loaders([rerun.reference(folder)])  # read as the files are now
@@ -129,7 +129,7 @@ def _run_again(through: door.Door, folder: str, recorded: dict, copies: dict[str
             through.check_files()  # before anything opens one: no FIFO or device is read
         except ValueError as error:
             raise errors.Unreadable(str(error)) from error
-        if not _inputs_unchanged(through, recorded, copies, outcome, seen):
+        if not _inputs_unchanged(through, recorded, outcome, seen):
             return
         try:
             plan = through.plan()
@@ -149,9 +149,7 @@ def _run_again(through: door.Door, folder: str, recorded: dict, copies: dict[str
     published.check(folder, recorded, found, outcome, **through.published(plan))
 
 
-def _inputs_unchanged(
-    through: door.Door, recorded: dict, copies: dict[str, str], outcome: verdict.Outcome, seen: dict[str, dict]
-) -> bool:
+def _inputs_unchanged(through: door.Door, recorded: dict, outcome: verdict.Outcome, seen: dict[str, dict]) -> bool:
     """Resolve every input the config names and the report records (as mergekit does), and check its identity
     (kept in `seen`, for the statistics pass: each identity read once)."""
     models = through.models()
@@ -165,7 +163,7 @@ def _inputs_unchanged(
             detail = errors.said(error)[:300]
             outcome.inputs.append(record_checks.InputCheck(name, role, "missing", identity, None, detail, label=label))
             continue
-        check = record_checks.check_identity(name, role, identity, found, copy=copies.get(name), label=label)
+        check = record_checks.check_identity(name, role, identity, found, copy=through.copies.get(name), label=label)
         outcome.inputs.append(check)
     checked = [check for check in outcome.inputs if check.status == "same"]
     if checked:
