@@ -208,7 +208,9 @@ def _verify_command() -> click.Command:
         ),
     )
     @click.argument("target", metavar="OUT_DIR|ORG/NAME[@REVISION]")
-    @click.option("--json", "as_json", is_flag=True, help="print the result as JSON (schema: mergekit_ram/verdict.py)")
+    @click.option(
+        "--json", "as_json", is_flag=True, help="print the result as JSON (schema: mergekit_ram/verify/verdict.py)"
+    )
     @click.option("--input", "inputs", multiple=True, metavar="RECORDED=LOCAL",
                   help="read the recorded input RECORDED (its recorded name or label) from the local copy LOCAL "
                   "(its identity is checked); repeatable")  # fmt: skip
@@ -251,7 +253,7 @@ def _verify(
     `--inputs-from` without `=`, an `--input-dir` that is no folder. Each value is split where the record says
     (`input_copies`: a recorded name may hold `=`). A TARGET that is no local path and reads as `org/name` is
     a merge on the Hub (`hub.parse`), fetched first."""
-    from mergekit_ram import hub
+    from mergekit_ram.verify import hub
 
     for option, values, form in (("--input", inputs, "RECORDED=LOCAL"),
                                  ("--inputs-from", inputs_from, "RECORDED_PARENT=LOCAL_PARENT")):  # fmt: skip
@@ -285,7 +287,7 @@ def _verify(
     except errors.CANNOT_CHECK as error:
         message = errors.said(error)
         if as_json:  # the verdict's JSON (verdict imports torch: not for the one line alone)
-            from mergekit_ram import verdict
+            from mergekit_ram.verify import verdict
 
             where = {"repository": on_hub[0], "requested": on_hub[1], "revision": None} if on_hub else None
             outcome = verdict.Outcome(folder=str(Path(target).expanduser().absolute()), hub=where, error=message)
@@ -295,7 +297,7 @@ def _verify(
         print(f"{PROG} verify: cannot check: {message}", file=sys.stderr)
         raise _NotIdentical(CANNOT_CHECK) from error
     if as_json:
-        from mergekit_ram import verdict
+        from mergekit_ram.verify import verdict
 
         print(verdict.dumps(outcome), end="")
     else:

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from mergekit_ram import bitwise
+from mergekit_ram.verify import bitwise
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 

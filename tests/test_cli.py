@@ -13,10 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import models
 import pytest
 import torch
-
-import models
 from helpers import closed_form, config_text, rows_by_model, strict_json, validate_schema
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -352,7 +351,7 @@ def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_o
     options = seen["options"]
     assert isinstance(options, MergeOptions)
     assert options.gpu_rich and options.num_threads == 3 and options.quiet and not options.trust_remote_code
-    from mergekit_ram import verdict
+    from mergekit_ram.verify import verdict
 
     assert cli.CANNOT_CHECK == verdict.EXIT["cannot check"]
 

@@ -25,11 +25,10 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
-import torch
-
 import models
+import pytest
 import reference as R
+import torch
 from helpers import BF16, closed_form, read_stats, rows_by_model, strict_json, validate_schema
 from hub_stub import HubStub, hub_env
 
@@ -294,7 +293,7 @@ def fetched(asked, repo: str) -> set:
 
 @pytest.mark.quick
 def test_what_verify_fetches_and_how_it_names_the_rest(tmp_path, monkeypatch):
-    from mergekit_ram import hub as hubs
+    from mergekit_ram.verify import hub as hubs
 
     monkeypatch.chdir(tmp_path)
     assert hubs.parse("org/name") == ("org/name", "main") and hubs.parse("org/name@v1.0") == ("org/name", "v1.0")

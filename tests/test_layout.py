@@ -34,7 +34,6 @@ PRIVATE = (
     "mergekit.scripts",
 )
 ENTRY_POINTS = {"mergekit_ram", "mergekit_ram.cli"}
-PACKAGES = {"mergekit_ram", "mergekit_ram._mergekit"}
 #: the most modules one chain of imports may pass through (lazy imports included)
 FLOORS = 9
 #: the most lines a module of `_mergekit/`, and one anywhere else in the package, may have
@@ -52,6 +51,19 @@ def _modules() -> dict[str, ast.Module]:
 
 
 MODULES = _modules()
+#: the package and its folders (each `__init__.py`, imported before the folder's modules anyway)
+PACKAGES = {name.removesuffix(".__init__") for name in MODULES if (PACKAGE.parent / name.replace(".", "/")).is_dir()}
+#: verify's folder, and the modules outside it that may import it: the CLI, the doors (which read a record) and the
+#: seam's verify mode; no merge code
+VERIFY = "mergekit_ram.verify"
+VERIFY_IMPORTERS = {
+    "mergekit_ram.cli",
+    "mergekit_ram._mergekit.door_yaml",
+    "mergekit_ram._mergekit.door_pytorch",
+    "mergekit_ram._mergekit.verification",
+    "mergekit_ram._mergekit.rerun",
+    "mergekit_ram._mergekit.published",
+}
 
 
 def _in_seam(name: str) -> bool:
@@ -99,7 +111,7 @@ def test_no_import_cycles():
         return seen
 
     # a package's __init__ is imported before its submodules: that arrow is no circle
-    cycles = sorted(n for n in graph if n in reachable(n) - {"mergekit_ram", "mergekit_ram._mergekit"})
+    cycles = sorted(n for n in graph if n in reachable(n) - PACKAGES)
     assert not cycles, f"modules on an import circle: {cycles}"
 
 
@@ -317,3 +329,32 @@ def test_each_door_has_what_the_modes_need():
         missing = sorted(name for name in members if not hasattr(built, name))
         assert not missing, f"{cls.__name__} lacks {missing}"
     assert set(door.DOORS) == {door_yaml.ENTRY_POINT, door_pytorch.ENTRY_POINT}
+
+
+def _graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports (lazy ones included), packages' `__init__` left out."""
+    return {
+        name: {m for module, names in _imports(tree) for m in _ours(module, names)} - {name} - PACKAGES
+        for name, tree in MODULES.items()
+    }
+
+
+def _in_folder(name: str, folder: str) -> bool:
+    return name == folder or name.startswith(folder + ".")
+
+
+def test_only_verify_and_its_callers_import_verifys_folder():
+    """verify's modules are imported by verify's folder, the CLI, the doors and the seam's verify mode: no merge
+    code (the kernel, the statistics, the checks, the card, the merge hooks and pipeline) reaches them."""
+    importers = {
+        name for name, deps in _graph().items() if not _in_folder(name, VERIFY) and any(_in_folder(d, VERIFY) for d in deps)
+    }
+    assert importers <= VERIFY_IMPORTERS, f"merge code imports verify's folder: {sorted(importers - VERIFY_IMPORTERS)}"
+
+
+def test_every_folder_says_what_lives_there():
+    """Each folder's `__init__.py` opens with a docstring (what lives there, what it may import) and imports nothing."""
+    for name in PACKAGES - {"mergekit_ram"}:
+        tree = MODULES[name]
+        assert ast.get_docstring(tree), f"{name}/__init__.py has no docstring"
+        assert not _imports(tree), f"{name}/__init__.py imports {_imports(tree)}"

@@ -19,9 +19,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from mergekit_ram import record_checks
-from mergekit_ram.input_copies import local_copies
-from mergekit_ram.record_checks import NotVerifiable, Unreadable
+from mergekit_ram.verify import record_checks
+from mergekit_ram.verify.input_copies import local_copies
+from mergekit_ram.verify.record_checks import NotVerifiable, Unreadable
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 
@@ -392,7 +392,7 @@ def test_as_recorded_reaches_every_label():
 def test_folder_checks_refuse_special_files_links_out_and_depth(tmp_path):
     import os
 
-    from mergekit_ram import folder_checks, loader_files
+    from mergekit_ram.verify import folder_checks, loader_files
 
     (tmp_path / "ok.json").write_text('{"a": [1, {"b": 2}]}', encoding="utf-8")
     assert folder_checks.read_json(str(tmp_path), "ok.json") == {"a": [1, {"b": 2}]}
@@ -415,7 +415,7 @@ def test_folder_checks_refuse_special_files_links_out_and_depth(tmp_path):
 
 
 def test_hub_snapshot_links_into_blobs_are_read(tmp_path):
-    from mergekit_ram import folder_checks
+    from mergekit_ram.verify import folder_checks
 
     snapshot = tmp_path / "models--org--m" / "snapshots" / "abc123"
     blobs = tmp_path / "models--org--m" / "blobs"
@@ -442,7 +442,7 @@ def test_hub_snapshot_links_into_blobs_are_read(tmp_path):
 )  # fmt: skip
 def test_which_weight_files_each_loader_reads(tmp_path, present, mergekit, transformers, pickles):
     """mergekit's from_disk, transformers' from_pretrained, and from_pretrained with use_safetensors=False."""
-    from mergekit_ram import loader_files
+    from mergekit_ram.verify import loader_files
 
     for name in present:
         (tmp_path / name).write_text("{}", encoding="utf-8")
@@ -453,7 +453,7 @@ def test_which_weight_files_each_loader_reads(tmp_path, present, mergekit, trans
 
 
 def test_report_differences_name_each_leaf_but_versions_and_identities():
-    from mergekit_ram import published_checks
+    from mergekit_ram.verify import published_checks
 
     was = recorded_report()
     now = copy.deepcopy(was)
@@ -467,7 +467,7 @@ def test_report_differences_take_diagnostic_sums_to_their_rounding_and_all_else_
     """Another kernel, device or thread count adds a diagnostic's float64 sum in another order: its last bits may
     differ (verify on a machine without the compiled kernel did report an honest float32 merge as differing). Such
     a sum is the same within SUM_TOLERANCE of its scale; a larger change, and any count or rho, is a difference."""
-    from mergekit_ram import published_checks
+    from mergekit_ram.verify import published_checks
 
     tol = published_checks.SUM_TOLERANCE
     was = {

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from mergekit_ram.bitwise import Difference, compare
-from mergekit_ram.record_checks import InputCheck
-from mergekit_ram.verdict import Outcome, dumps
+from mergekit_ram.verify.bitwise import Difference, compare
+from mergekit_ram.verify.record_checks import InputCheck
+from mergekit_ram.verify.verdict import Outcome, dumps
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 

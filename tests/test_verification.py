@@ -9,7 +9,7 @@
 * a `mergekit-multi` stage whose config names the earlier stage's folder verifies, and names that folder
   once it is gone;
 * rho comes from the statistics cache when it holds the counts (no tensor counted);
-* `--json` follows the schema of mergekit_ram/verdict.py; the card's reproduce line names verify.
+* `--json` follows the schema of mergekit_ram/verify/verdict.py; the card's reproduce line names verify.
 
 The bit comparison on plain tensors: tests/test_bitwise.py; the checks of the record on plain data:
 tests/test_record_checks.py; the outcome as text and JSON: tests/test_verdict.py. Hub ids pinned to
@@ -25,13 +25,12 @@ import math
 import shutil
 from pathlib import Path
 
+import models
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
-
-import models
 from helpers import config_text, read_stats
+from safetensors.torch import load_file, save_file
 
 INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

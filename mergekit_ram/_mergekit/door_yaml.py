@@ -13,10 +13,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from mergekit_ram import errors, folder_checks, input_checks, input_copies, output_checks, record_checks, report
+from mergekit_ram import errors, input_checks, output_checks, report
 from mergekit_ram._mergekit import counting, planner, surface, tasks
 from mergekit_ram.method import resolves_to_ours
 from mergekit_ram.session import MergeSession, Mode
+from mergekit_ram.verify import folder_checks, input_copies, record_checks
 
 #: ram_stats.json's entry point of a merge through this door
 ENTRY_POINT = "run_merge"

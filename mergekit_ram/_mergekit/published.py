@@ -18,18 +18,8 @@ import json
 import os
 from typing import Any
 
-from mergekit_ram import (
-    card,
-    folder_checks,
-    input_checks,
-    loader_files,
-    output_checks,
-    published_checks,
-    record_checks,
-    report,
-    verdict,
-    versions,
-)
+from mergekit_ram import card, input_checks, output_checks, report, versions
+from mergekit_ram.verify import folder_checks, loader_files, published_checks, record_checks, verdict
 
 #: files verify reads to plan and compare (checked on their own)
 RECORDS = (output_checks.STATS_FILE, record_checks.CONFIG_FILE)

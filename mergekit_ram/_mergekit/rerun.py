@@ -13,9 +13,9 @@ from typing import Any
 
 from mergekit.graph import Task
 
-from mergekit_ram import bitwise, record_checks, verdict
 from mergekit_ram._mergekit import counting
 from mergekit_ram.errors import InputError, NonFiniteResultError
+from mergekit_ram.verify import bitwise, record_checks, verdict
 
 
 class PublishedTensor(Task[Any]):

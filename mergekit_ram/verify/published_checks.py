@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mergekit_ram.errors import Unreadable
-from mergekit_ram.folder_checks import JSON_LIMIT, checked_path, read_bytes, read_json
-from mergekit_ram.loader_files import COPIED, PICKLES, weight_files
+from mergekit_ram.verify.folder_checks import JSON_LIMIT, checked_path, read_bytes, read_json
+from mergekit_ram.verify.loader_files import COPIED, PICKLES, weight_files
 
 #: ram_stats.json's keys verify does not compare with the recomputed report: the versions and where mergekit-ram came
 #: from (the installation's, not the merge's: a note), where the counts came from, the merge record (read to plan),
@@ -235,7 +235,7 @@ def other_view_differences(folder: str, choices: Mapping[str, str]) -> tuple[lis
     """Where a loader reads other weight files than mergekit does (transformers a single file beside an index, or
     pickles with `use_safetensors=False`), the tensors it loads against those mergekit reads (which verify compared
     with the merge): (one line per finding, what was checked)."""
-    from mergekit_ram.bitwise import compare
+    from mergekit_ram.verify.bitwise import compare
 
     ours = choices.get("mergekit")
     found: list[str] = []

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 
 from mergekit_ram.errors import Unreadable
-from mergekit_ram.folder_checks import check_entries, checked_path, leaves, read_json
+from mergekit_ram.verify.folder_checks import check_entries, checked_path, leaves, read_json
 
 #: the weight files each loader looks for, in its order: (mergekit's from_disk, transformers' from_pretrained)
 SINGLE = ("model.safetensors", "pytorch_model.bin")

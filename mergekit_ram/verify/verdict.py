@@ -46,8 +46,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from mergekit_ram.bitwise import Difference
-from mergekit_ram.record_checks import InputCheck
+from mergekit_ram.verify.bitwise import Difference
+from mergekit_ram.verify.record_checks import InputCheck
 
 __all__ = ["EXIT", "FORMAT", "FORMAT_VERSION", "Outcome", "dumps"]
 

@@ -14,10 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from mergekit_ram import files, folder_checks, input_checks, output_checks
-from mergekit_ram.bitwise import json_number, shown
+from mergekit_ram import files, input_checks, output_checks
 from mergekit_ram.errors import NotVerifiable, Unreadable
 from mergekit_ram.labels import renamed, upgraded
+from mergekit_ram.verify import folder_checks
+from mergekit_ram.verify.bitwise import json_number, shown
 
 #: ram_stats.json format versions verify can read (1 and 2 have no `merge` record: run_merge, default options;
 #: 1 to 3 name the inputs by path, read in 4's shape: `labels.upgraded`)

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from mergekit_ram.errors import NotVerifiable
-from mergekit_ram.record_checks import recorded_inputs
+from mergekit_ram.verify.record_checks import recorded_inputs
 
 #: what a missing input's line suggests
 HINT = (

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from mergekit_ram import folder_checks, loader_files, output_checks
+from mergekit_ram import output_checks
 from mergekit_ram.errors import NotVerifiable, Unreadable
+from mergekit_ram.verify import folder_checks, loader_files
 
 #: what verify reads beside the weights, by name (the weights: `loader_files.SINGLE`, `PICKLED` and their indexes)
 RECORDS = (output_checks.STATS_FILE, "mergekit_config.yml", "README.md", "config.json")
