@@ -49,7 +49,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mergekit_ram import output_checks, statistics, versions
+from mergekit_ram import statistics, versions
+from mergekit_ram.checks import output_checks
 from mergekit_ram.labels import input_labels
 from mergekit_ram.session import Planned
 

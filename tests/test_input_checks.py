@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from mergekit_ram import files, input_checks
+from mergekit_ram import files
+from mergekit_ram.checks import input_checks
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from helpers import config_text, planner_of
-from mergekit_ram import config_checks, errors
+
+from mergekit_ram import errors
 from mergekit_ram._mergekit import inspection, pipeline, surface
+from mergekit_ram.checks import config_checks
 from mergekit_ram.session import Mode
 
 

@@ -22,11 +22,22 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+import reference as R
 import torch
 import yaml
-
-from helpers import closed_form, config_text, inputs_of, model_of, no_weights_written, number, read_stats, rows_by_model, stats_by_path, strict_json, validate_schema
-import reference as R
+from helpers import (
+    closed_form,
+    config_text,
+    inputs_of,
+    model_of,
+    no_weights_written,
+    number,
+    read_stats,
+    rows_by_model,
+    stats_by_path,
+    strict_json,
+    validate_schema,
+)
 
 LOGGER = "mergekit_ram"
 @pytest.mark.quick
@@ -367,7 +378,7 @@ def test_rho_per_tensor_with_epsilon_zero_has_no_nan(run_yaml, qwen_bf16):
 def _check(text: str):
     from mergekit.config import MergeConfiguration
 
-    from mergekit_ram import config_checks as checks
+    from mergekit_ram.checks import config_checks as checks
 
     checks.check_config(MergeConfiguration.model_validate(yaml.safe_load(text)))
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mergekit_ram import config_checks
 from mergekit_ram._mergekit import loading, pipeline, surface
 from mergekit_ram._mergekit.door import of_config
+from mergekit_ram.checks import config_checks
 from mergekit_ram.errors import InputError, RamError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
 from mergekit_ram.session import MergeSession, Mode, active

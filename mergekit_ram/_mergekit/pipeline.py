@@ -20,8 +20,9 @@ from typing import Any
 
 from mergekit.graph import Task
 
-from mergekit_ram import config_checks, files, input_checks, output_checks, report, session, tables
+from mergekit_ram import files, report, session, tables
 from mergekit_ram._mergekit import counting, tasks
+from mergekit_ram.checks import config_checks, input_checks, output_checks
 from mergekit_ram.method import resolves_to_ours
 
 LOG = logging.getLogger("mergekit_ram")

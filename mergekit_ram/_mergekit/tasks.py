@@ -23,8 +23,9 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from mergekit_ram import cache, files, input_checks, statistics
+from mergekit_ram import cache, files, statistics
 from mergekit_ram._mergekit import surface
+from mergekit_ram.checks import input_checks
 from mergekit_ram.params import DEFAULTS
 from mergekit_ram.session import Planned
 

@@ -30,8 +30,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from mergekit_ram import cachedir, config_checks, errors, report
+from mergekit_ram import cachedir, errors, report
 from mergekit_ram._mergekit import door, loading, pipeline, published, rerun, surface
+from mergekit_ram.checks import config_checks
 from mergekit_ram.errors import InputError
 from mergekit_ram.method import NAME, refuse_foreign
 from mergekit_ram.session import Mode, active

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from mergekit_ram import output_checks
+from mergekit_ram.checks import output_checks
 from mergekit_ram.errors import NotVerifiable, Unreadable
 from mergekit_ram.verify import folder_checks, loader_files
 

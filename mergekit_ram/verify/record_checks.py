@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from mergekit_ram import files, input_checks, output_checks
+from mergekit_ram import files
+from mergekit_ram.checks import input_checks, output_checks
 from mergekit_ram.errors import NotVerifiable, Unreadable
 from mergekit_ram.labels import renamed, upgraded
 from mergekit_ram.verify import folder_checks

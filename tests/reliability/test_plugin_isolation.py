@@ -21,8 +21,9 @@ import pytest
 import torch
 from helpers import HAS_COMPILER, NO_COMPILER, config_yaml
 
-from mergekit_ram import card, config_checks, input_checks, native
+from mergekit_ram import card, native
 from mergekit_ram._mergekit import loading, pipeline
+from mergekit_ram.checks import config_checks, input_checks
 
 METHODS = {
     "linear": {"weight": 0.5},
