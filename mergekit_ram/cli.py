@@ -15,7 +15,8 @@ from typing import Any
 
 import click
 
-from mergekit_ram import errors, versions
+from mergekit_ram import errors
+from mergekit_ram.reporting import versions
 
 PROG = "mergekit-ram"
 #: An agent denser than this is reported as SFT-like (`inspect`).
@@ -130,7 +131,7 @@ def _inspect(
     if not config.is_file():
         raise _UsageError(f"no such config file: {config}")
     if plot:  # before minutes of reading weights
-        from mergekit_ram import plot as plotting
+        from mergekit_ram.reporting import plot as plotting
 
         try:
             plotting.require()
@@ -139,9 +140,9 @@ def _inspect(
     for name, value in (("r", r), ("alpha", alpha)):  # before minutes of reading weights
         if value is not None:
             params.check(name, value, label=f"--{name}")
-    from mergekit_ram import report, tables
     from mergekit_ram._mergekit import inspection
     from mergekit_ram._mergekit import options as merge_options
+    from mergekit_ram.reporting import report, tables
 
     options = merge_options.merge_options(merge)
     options.apply_global_options()
@@ -176,7 +177,7 @@ def _inspect(
         json_path.write_text(report.dumps(found), encoding="utf-8")
         print(f"wrote {json_path}")
     if plot:
-        from mergekit_ram.plot import heatmap
+        from mergekit_ram.reporting.plot import heatmap
 
         try:
             heatmap(stats, plot, labels)
@@ -190,7 +191,7 @@ def _inspect(
 # --------------------------------------------------------------------------- #
 def _verify_command() -> click.Command:
     from mergekit_ram._mergekit import options
-    from mergekit_ram.report import RECORDED_OPTIONS
+    from mergekit_ram.reporting.report import RECORDED_OPTIONS
 
     @click.command(
         "verify",

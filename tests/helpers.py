@@ -180,7 +180,7 @@ def number(value):
 
 
 def validate_schema(report: dict, *, counted: bool = True) -> None:
-    """The schema documented in mergekit_ram/report.py (format_version 4)."""
+    """The schema documented in mergekit_ram/reporting/report.py (format_version 4)."""
     assert report["format"] == "mergekit-ram/ram_stats"
     assert report["format_version"] == 4
     assert report["merge"]["entry_point"] in ("run_merge", "mergekit-pytorch")

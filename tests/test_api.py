@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import math
 
+import models
 import pytest
+import reference as R
 import torch
 from torch import nn
 
 import mergekit_ram
 from mergekit_ram import kernel
-
-import models
-import reference as R
 
 BF16 = torch.bfloat16
 
@@ -337,7 +336,9 @@ def test_agent_stats_names_are_ram_stats_json_names(merged, qwen_bf16):
     per-agent number of the file is an attribute of the same name and value (`rho_counted` is `rho`), and the
     old names still work."""
     from helpers import config_text, number, read_stats, rows_by_model
-    from mergekit_ram import report, statistics
+
+    from mergekit_ram import statistics
+    from mergekit_ram.reporting import report
 
     run = merged(config_text(qwen_bf16, "ABC"))
     stats = mergekit_ram.agent_statistics(

@@ -288,7 +288,8 @@ def test_console_script(qwen_bf16, tmp_path, capsys):
 @pytest.mark.quick
 def test_plot_without_matplotlib_fails_before_any_work(qwen_bf16, tmp_path, capsys, monkeypatch):
     """It ran the whole statistics pass and wrote --json before failing, with a hint unlike the README's."""
-    from mergekit_ram import kernel, plot
+    from mergekit_ram import kernel
+    from mergekit_ram.reporting import plot
 
     def refuse(*_a, **_k):
         raise AssertionError("counted tensors before checking --plot")
@@ -326,7 +327,7 @@ def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_o
     from mergekit_ram import cli
     from mergekit_ram._mergekit.options import WRITES
     from mergekit_ram.cli import _verify_command
-    from mergekit_ram.report import RECORDED_OPTIONS
+    from mergekit_ram.reporting.report import RECORDED_OPTIONS
 
     command = _verify_command()
     names = {p.name for p in command.params}

@@ -15,15 +15,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import models
 import pytest
+import reference as R
 import torch
+from helpers import (
+    closed_form,
+    differing,
+    flat_config_text,
+    number,
+    read_stats,
+    rows_by_model,
+    run_flat,
+    validate_schema,
+)
 from mergekit.options import MergeOptions
 
-import models
-import reference as R
-from helpers import closed_form, differing, flat_config_text, number, read_stats, rows_by_model, run_flat, validate_schema
-
-from mergekit_ram import report
+from mergekit_ram.reporting import report
 
 AGENTS = ("A", "B", "C")
 

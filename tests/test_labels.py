@@ -19,9 +19,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from helpers import console_script, read_stats, strict_json
-from mergekit_ram import labels
+
+from mergekit_ram.reporting import labels
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "format-3"
 #: where the fixture's example was written (4a22594's merge recorded these paths)

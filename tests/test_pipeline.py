@@ -12,9 +12,9 @@ import os
 import pytest
 from helpers import config_text, planner_of, validate_schema
 
-from mergekit_ram import report
 from mergekit_ram._mergekit import pipeline, surface, tasks
 from mergekit_ram.checks import config_checks
+from mergekit_ram.reporting import report
 from mergekit_ram.session import MergeSession, Mode
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mergekit_ram import card, report
+from mergekit_ram.reporting import card, report
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 

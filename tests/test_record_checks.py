@@ -286,7 +286,7 @@ def test_versions_other_than_the_recorded_ones_are_noted():
 def test_recorded_options_apply_no_code_option_without_the_users_flag():
     from mergekit.options import MergeOptions
 
-    from mergekit_ram import report
+    from mergekit_ram.reporting import report
 
     record = {"options": {"trust_remote_code": True, "lazy_unpickle": True, "allow_crimes": True}}
     options, notes, refused = record_checks.recorded_options(record, MergeOptions(), False, report.RECORDED_OPTIONS)

@@ -1,6 +1,6 @@
 """What a `ramplus` merge publishes, and the options that shape it.
 
-* `ram_stats.json`: validated against the schema documented in mergekit_ram/report.py
+* `ram_stats.json`: validated against the schema documented in mergekit_ram/reporting/report.py
   and against the closed-form counts of the planted index sets (tests/models.py);
 * the model card: mergekit's own content kept, plus a "RAM+ statistics" section;
 * the output folder may not be an input folder;
@@ -132,7 +132,8 @@ def test_diagnostics_equal_the_float64_definitions_over_the_stored_tensors(merge
 
 
 def test_content_ids_tell_inputs_apart_and_ignore_where_they_live(merged, qwen_bf16, tmp_path):
-    from mergekit_ram import cache, report
+    from mergekit_ram import cache
+    from mergekit_ram.reporting import report
 
     stats = read_stats(merged(config_text(qwen_bf16, "ABC")).out)
     ids = [row["identity"]["content_id"] for row in stats["inputs"].values()]
@@ -451,7 +452,7 @@ def _report_with(rows, **parameters) -> dict:
 
 @pytest.mark.quick
 def test_with_lambda_for_returns_a_copy_with_lambda_for_other_parameters():
-    from mergekit_ram import report
+    from mergekit_ram.reporting import report
 
     rows = [
         {"model": "a", "rho_counted": 1.5, "rho": 1.5, "lambda": 1.15},
@@ -500,7 +501,7 @@ def test_card_for_a_hub_reader(merged, qwen_bf16):
     said "RAM+ with ρ per model", and had `base_model: []` and no tag for the method."""
     import subprocess
 
-    from mergekit_ram import report
+    from mergekit_ram.reporting import report
 
     root = Path(report.__file__).resolve().parent.parent
     # HEAD read beside the merge, not at the assertion: a commit made while the suite runs must not fail it
@@ -529,8 +530,8 @@ def test_card_for_a_hub_reader(merged, qwen_bf16):
 
 @pytest.mark.quick
 def test_card_front_matter_names_hub_ids_and_the_method():
-    from mergekit_ram import card as cards
-    from mergekit_ram import labels
+    from mergekit_ram.reporting import card as cards
+    from mergekit_ram.reporting import labels
 
     card = "---\nbase_model: []\nlibrary_name: transformers\ntags:\n- mergekit\n- merge\n---\n# body\n"
     snapshot = "/home/u/.cache/huggingface/hub/models--Qwen--Qwen2.5-7B-Instruct/snapshots/0123abc"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mergekit_ram import tables
+from mergekit_ram.reporting import tables
 from mergekit_ram.statistics import AgentStats
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)

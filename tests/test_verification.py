@@ -148,7 +148,7 @@ def test_verify_without_the_compiled_kernel_passes_a_float32_merge(run_yaml, cap
 def test_verify_with_mergekit_ram_from_elsewhere_notes_it(merged, qwen_bf16, capsys, monkeypatch):
     """Where mergekit-ram came from is the installation's, like its version: a stranger's wheel verifying a merge made
     from a checkout is a note, not a difference (it was `ram_stats.json: mergekit_ram_source.commit ...`, exit 1)."""
-    from mergekit_ram import report
+    from mergekit_ram.reporting import report
 
     run = merged(config_text(qwen_bf16, ["A", "B"]))
     elsewhere = {"installed_from": "index"}
@@ -161,7 +161,7 @@ def test_verify_with_mergekit_ram_from_elsewhere_notes_it(merged, qwen_bf16, cap
 
 
 def test_merge_record_names_the_options_that_change_the_merge(merged, qwen_bf16):
-    from mergekit_ram import report
+    from mergekit_ram.reporting import report
 
     record = read_stats(merged(config_text(qwen_bf16, ["A", "B"])).out)["merge"]
     assert record == {

@@ -1,10 +1,10 @@
-"""`mergekit_ram.versions`: one lookup of installed versions for `--version`, the card, ram_stats.json, the guard."""
+"""`mergekit_ram.reporting.versions`: one lookup of installed versions for `--version`, the card, ram_stats.json, the guard."""
 
 from importlib import metadata
 
 import pytest
 
-from mergekit_ram import versions
+from mergekit_ram.reporting import versions
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 

@@ -14,10 +14,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from mergekit_ram import cache, errors, report
+from mergekit_ram import cache, errors
 from mergekit_ram._mergekit import counting, flat, surface, tasks
 from mergekit_ram.checks import input_checks
 from mergekit_ram.method import resolves_to_ours
+from mergekit_ram.reporting import report
 from mergekit_ram.session import MergeSession, Mode
 from mergekit_ram.verify import input_copies, record_checks
 

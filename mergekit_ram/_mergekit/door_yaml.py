@@ -13,10 +13,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from mergekit_ram import errors, report
+from mergekit_ram import errors
 from mergekit_ram._mergekit import counting, planner, surface, tasks
 from mergekit_ram.checks import input_checks, output_checks
 from mergekit_ram.method import resolves_to_ours
+from mergekit_ram.reporting import report
 from mergekit_ram.session import MergeSession, Mode
 from mergekit_ram.verify import folder_checks, input_copies, record_checks
 

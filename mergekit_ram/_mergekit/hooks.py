@@ -34,10 +34,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from mergekit_ram import card, errors, labels, method, session
+from mergekit_ram import errors, method, session
 from mergekit_ram._mergekit import door_pytorch, door_yaml, flat, loading, pipeline, surface, tasks
 from mergekit_ram.checks import config_checks, output_checks
 from mergekit_ram.method import resolves_to_ours
+from mergekit_ram.reporting import card, labels
 from mergekit_ram.session import Mode
 
 LOG = logging.getLogger("mergekit_ram")

@@ -20,10 +20,11 @@ from typing import Any
 
 from mergekit.graph import Task
 
-from mergekit_ram import files, report, session, tables
+from mergekit_ram import files, session
 from mergekit_ram._mergekit import counting, tasks
 from mergekit_ram.checks import config_checks, input_checks, output_checks
 from mergekit_ram.method import resolves_to_ours
+from mergekit_ram.reporting import report, tables
 
 LOG = logging.getLogger("mergekit_ram")
 

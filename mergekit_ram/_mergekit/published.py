@@ -18,8 +18,8 @@ import json
 import os
 from typing import Any
 
-from mergekit_ram import card, report, versions
 from mergekit_ram.checks import input_checks, output_checks
+from mergekit_ram.reporting import card, report, versions
 from mergekit_ram.verify import folder_checks, loader_files, published_checks, record_checks, verdict
 
 #: files verify reads to plan and compare (checked on their own)

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mergekit_ram import versions
 from mergekit_ram._mergekit.options import FIELDS
 from mergekit_ram.errors import IncompatibleMergekit as IncompatibleMergekit
+from mergekit_ram.reporting import versions
 
 SUPPORTED = (0, 1, 5), (0, 2, 0)
 SUPPORTED_TEXT = ">=0.1.5,<0.2"

@@ -30,11 +30,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from mergekit_ram import cachedir, errors, report
+from mergekit_ram import cachedir, errors
 from mergekit_ram._mergekit import door, loading, pipeline, published, rerun, surface
 from mergekit_ram.checks import config_checks
 from mergekit_ram.errors import InputError
 from mergekit_ram.method import NAME, refuse_foreign
+from mergekit_ram.reporting import report
 from mergekit_ram.session import Mode, active
 from mergekit_ram.verify import hub, input_copies, record_checks, verdict
 

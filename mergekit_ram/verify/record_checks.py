@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from mergekit_ram import files
 from mergekit_ram.checks import input_checks, output_checks
 from mergekit_ram.errors import NotVerifiable, Unreadable
-from mergekit_ram.labels import renamed, upgraded
+from mergekit_ram.reporting.labels import renamed, upgraded
 from mergekit_ram.verify import folder_checks
 from mergekit_ram.verify.bitwise import json_number, shown
 

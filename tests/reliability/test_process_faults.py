@@ -67,7 +67,7 @@ WORKER = textwrap.dedent(
 
         st.save_file = save_file
     elif point == "card":  # model and config.json written, the card not yet
-        import mergekit_ram.card as card
+        import mergekit_ram.reporting.card as card
 
         def card_section(*args, **kwargs):
             pause()

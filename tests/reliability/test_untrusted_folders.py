@@ -801,7 +801,7 @@ def test_a_mergekit_pytorch_input_read_from_a_local_copy(rel, flat_mlp, tmp_path
 def test_a_key_another_mergekit_ram_writes_is_a_note_not_a_difference(rel, merged, qwen_bf16, capsys):
     """ram_stats.json by another mergekit-ram version may hold keys this one does not write: a note; by this
     version, the same key is a difference."""
-    from mergekit_ram import versions
+    from mergekit_ram.reporting import versions
 
     _edit_stats(merged, lambda d: d.update(future_key=1))
     rel.watch(qwen_bf16.paths["base"])

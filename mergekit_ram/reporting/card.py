@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mergekit_ram import tables
+from mergekit_ram.reporting import tables
 
 #: The method's paper, linked from the card.
 PAPER_URL = "https://arxiv.org/abs/2601.13572"
