@@ -19,7 +19,7 @@ with zipfile.ZipFile(wheel) as archive:
     for name, text in licenses.items():
         assert archive.read(f"{info}/licenses/{name}") == text, f"{wheel.name}: {name}"
     modules = {p.relative_to(repo).as_posix() for p in (repo / "mergekit_ram").rglob("*.py")}
-    wanted = modules | {"mergekit_ram.pth", "mergekit_ram/py.typed", "mergekit_ram/_native.c"}
+    wanted = modules | {"mergekit_ram.pth", "mergekit_ram/py.typed", "mergekit_ram/core/_native.c"}
     assert wanted <= names, f"{wheel.name} lacks {sorted(wanted - names)}"
     assert "License-Expression: LGPL-3.0-only" in archive.read(f"{info}/METADATA").decode()
 

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from mergekit_ram import native
+from mergekit_ram.core import native
 
 
 def timed(fn, repeats: int) -> float:

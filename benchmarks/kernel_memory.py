@@ -31,11 +31,11 @@ peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 before = peak()
 start = time.perf_counter()
 if which == "ramplus":
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
     counts = kernel.count(base, agents, 1e-5)
     out = kernel.merge(base, agents, [1.2] * n, 1e-5)
 elif which == "ramplus-torch":
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
     counts = kernel.count(base, agents, 1e-5, chunk=kernel.CHUNK_CPU)
     out = kernel.merge(base, agents, [1.2] * n, 1e-5, chunk=kernel.CHUNK_CPU)
 else:

@@ -41,7 +41,7 @@ RULES = [
     ("write: safetensors save_file", ("save_file", "_save_st", "_write_shard_task")),
     ("read: safetensors get_tensor / mmap", ("get_tensor (safetensors", "safe_open", "get_slice")),
     ("import (start-up)", ("_find_and_load", "_call_with_frames_removed")),
-    ("mergekit_ram kernel (arithmetic, and the page faults of its first touch of mmapped inputs)", ("mergekit_ram/kernel.py", "mergekit_ram/native.py")),
+    ("mergekit_ram kernel (arithmetic, and the page faults of its first touch of mmapped inputs)", ("mergekit_ram/core/kernel.py", "mergekit_ram/core/native.py")),
     ("arithmetic: torch (method / executor)", ("torch/",)),
 ]
 
@@ -68,7 +68,7 @@ def classify(stack: list[str]) -> str:
 STATISTICS_FILES = (
     *(f"mergekit_ram/_mergekit/{name}.py" for name in ("counting", "tasks", "planning")),
     "mergekit_ram/prepass.py",
-    "mergekit_ram/statistics.py",
+    "mergekit_ram/core/statistics.py",
     "prepare (/",
 )
 

@@ -13,7 +13,7 @@ _LAZY = {
     "merge_state_dicts": "mergekit_ram.api",
     "agent_statistics": "mergekit_ram.api",
     "ramplus": "mergekit_ram.method",
-    "AgentStats": "mergekit_ram.statistics",
+    "AgentStats": "mergekit_ram.core.statistics",
     "RamError": "mergekit_ram.errors",
 }
 

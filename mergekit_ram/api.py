@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from mergekit_ram import kernel, params, statistics
+from mergekit_ram.core import kernel, params, statistics
+from mergekit_ram.core.params import DEFAULTS
 from mergekit_ram.errors import RamError
-from mergekit_ram.params import DEFAULTS
 
 StateDict = Mapping[str, torch.Tensor]
 StateDictLike = StateDict | torch.nn.Module

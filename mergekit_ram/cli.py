@@ -78,8 +78,8 @@ def _example_command() -> click.Command:
 # inspect
 # --------------------------------------------------------------------------- #
 def _inspect_command() -> click.Command:
-    from mergekit_ram import params
     from mergekit_ram._mergekit import options
+    from mergekit_ram.core import params
 
     @click.command(
         "inspect",
@@ -124,7 +124,7 @@ def _inspect(
 
     import yaml
 
-    from mergekit_ram import params
+    from mergekit_ram.core import params
 
     levels = {0: logging.WARNING, 1: logging.INFO}
     logging.basicConfig(level=levels.get(merge.get("verbosity", 0), logging.DEBUG), format="%(levelname)s: %(message)s")

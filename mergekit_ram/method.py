@@ -25,9 +25,10 @@ from mergekit.merge_methods import (
 )
 from pydantic import AfterValidator
 
-from mergekit_ram import kernel, params, session, statistics
+from mergekit_ram import session
+from mergekit_ram.core import kernel, params, statistics
+from mergekit_ram.core.params import DEFAULTS
 from mergekit_ram.errors import RamError, RhoUnavailable
-from mergekit_ram.params import DEFAULTS
 from mergekit_ram.reporting import versions
 
 NAME = "ramplus"

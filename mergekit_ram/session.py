@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from mergekit_ram import statistics
+from mergekit_ram.core import statistics
 
 
 @dataclass(frozen=True)

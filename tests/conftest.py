@@ -13,13 +13,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import mergekit_ram  # noqa: E402,F401  (registers `ramplus` and the pre-pass)
-import models  # noqa: E402
-from reliability import harness as _reliability  # noqa: E402
-
 # The statistics cache would let one test's counts serve another's and would
 # write into the user's cache folder: off by default, cache tests opt in.
 import os  # noqa: E402
+
+import models  # noqa: E402
+from reliability import harness as _reliability  # noqa: E402
+
+import mergekit_ram  # noqa: E402,F401  (registers `ramplus` and the pre-pass)
 
 os.environ["MERGEKIT_RAM_CACHE"] = "off"
 
@@ -143,8 +144,8 @@ def _run(text: str, out: Path, options: Optional[Dict[str, Any]] = None) -> Merg
     from mergekit.merge import run_merge
     from mergekit.options import MergeOptions
 
-    from mergekit_ram import kernel
     from mergekit_ram._mergekit import pipeline
+    from mergekit_ram.core import kernel
 
     record = {"stats": None, "prepass": 0, "count": 0}
     real_run, real_count, real_diagnose = pipeline.prepare, kernel.count, kernel.diagnose

@@ -409,7 +409,7 @@ def inputs(base, agents, cast=None):
 
 def forbid_count(monkeypatch) -> None:
     """The case must fail before the statistics pass reads a tensor."""
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
 
     def refuse(*_a, **_k):
         raise AssertionError("the statistics pre-pass ran")
@@ -471,7 +471,7 @@ def full_disk(monkeypatch, folder, budget: int = 64) -> list:
 def _has_compiler() -> bool:
     import shutil
 
-    from mergekit_ram import native
+    from mergekit_ram.core import native
 
     found = native.find_compiler()
     return bool(found and shutil.which(found))

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import mergekit_ram
-from mergekit_ram import kernel
+from mergekit_ram.core import kernel
 
 BF16 = torch.bfloat16
 
@@ -337,7 +337,7 @@ def test_agent_stats_names_are_ram_stats_json_names(merged, qwen_bf16):
     old names still work."""
     from helpers import config_text, number, read_stats, rows_by_model
 
-    from mergekit_ram import statistics
+    from mergekit_ram.core import statistics
     from mergekit_ram.reporting import report
 
     run = merged(config_text(qwen_bf16, "ABC"))

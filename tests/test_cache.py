@@ -1,4 +1,4 @@
-"""The on-disk statistics cache (mergekit_ram/cache.py) through real merges.
+"""The on-disk statistics cache (mergekit_ram/core/cache.py) through real merges.
 
 conftest turns the cache off for the session; every test here opts in with its
 own folder (`cache_dir`). Tensor reads are counted at mergekit's loader
@@ -22,13 +22,12 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-import torch
-from safetensors.torch import save_file
-
 import models
-from helpers import check_against_reference, config_text, stats_by_path
+import pytest
 import reference as R
+import torch
+from helpers import check_against_reference, config_text, stats_by_path
+from safetensors.torch import save_file
 
 LOGGER = "mergekit_ram"
 
@@ -265,7 +264,7 @@ def _corrupt_then_merge(run_yaml, written, cache_dir, caplog, corrupt, agents="A
 
 @pytest.mark.parametrize("how", list(CORRUPT))
 def test_corrupt_entry_warns_recomputes_and_is_rewritten(run_yaml, qwen_bf16, cache_dir, caplog, how):
-    from mergekit_ram import cache
+    from mergekit_ram.core import cache
 
     cold, again, entry_path, good_text = _corrupt_then_merge(run_yaml, qwen_bf16, cache_dir, caplog, CORRUPT[how])
     warnings = mergekit_ram_warnings(caplog)
@@ -338,7 +337,7 @@ _WORKER = textwrap.dedent(
 
 
 def test_two_processes_merging_at_once_share_one_entry(merged, qwen_bf16, cache_dir, tmp_path, monkeypatch):
-    from mergekit_ram import cache
+    from mergekit_ram.core import cache
 
     text = config_text(qwen_bf16, "ABC")
     cfg = tmp_path / "ramplus.yml"
@@ -391,7 +390,7 @@ def test_two_processes_merging_at_once_share_one_entry(merged, qwen_bf16, cache_
 
 
 def test_concurrent_store_and_load_from_threads(cache_dir, caplog):
-    from mergekit_ram import cache
+    from mergekit_ram.core import cache
 
     caplog.set_level(logging.WARNING, logger=LOGGER)
     agents = ["a", "b"]
@@ -488,7 +487,7 @@ def test_unusable_cache_folder_does_not_claim_a_corrupt_entry(run_yaml, qwen_bf1
 def test_an_entry_of_the_format_before_diagnostics_is_recounted_never_misread(run_yaml, qwen_bf16, cache_dir, monkeypatch):
     """Format 2 held counts without diagnostics. Its entries have other keys (the format is part of
     the key), and one placed at today's key is refused: the merge recounts and reports diagnostics."""
-    from mergekit_ram import cache
+    from mergekit_ram.core import cache
 
     parts = {"models": {"a": 1}}
     assert cache.key(parts) != (monkeypatch.setattr(cache, "FORMAT", 2) or cache.key(parts))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import NEEDS_COMPILER
 
-from mergekit_ram import cache, cachedir, native
+from mergekit_ram.core import cache, cachedir, native
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 
@@ -83,12 +83,15 @@ def test_the_kernel_is_built_in_the_kernels_folder(env, tmp_path, value):
     assert native.target().parent == want[value] / "native" == cachedir.native()
 
 
+PACKAGES = {"mergekit_ram", "mergekit_ram.core"}  # `from PACKAGE import module` names a module
+
+
 def _package_imports(module: str) -> set[str]:
     tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mergekit_ram"):
-            found |= {f"{node.module}.{a.name}" if node.module == "mergekit_ram" else node.module for a in node.names}
+            found |= {f"{node.module}.{a.name}" if node.module in PACKAGES else node.module for a in node.names}
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("mergekit_ram")}
     return found
@@ -96,6 +99,6 @@ def _package_imports(module: str) -> set[str]:
 
 def test_cachedir_is_a_leaf_below_cache_and_native():
     assert _package_imports("cachedir") == set()
-    assert "mergekit_ram.cachedir" in _package_imports("cache")
-    assert "mergekit_ram.cachedir" in _package_imports("native")
-    assert "mergekit_ram.cache" not in _package_imports("native")  # the kernel side knows nothing of the cache
+    assert "mergekit_ram.core.cachedir" in _package_imports("cache")
+    assert "mergekit_ram.core.cachedir" in _package_imports("native")
+    assert "mergekit_ram.core.cache" not in _package_imports("native")  # the kernel side knows nothing of the cache

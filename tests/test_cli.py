@@ -250,7 +250,7 @@ def test_invalid_r_or_alpha_exits_2(qwen_bf16, tmp_path, capsys, flag, value):
 
 
 def test_invalid_r_is_rejected_before_reading_weights(qwen_bf16, tmp_path, capsys, monkeypatch):
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
 
     def refuse(*_a, **_k):
         raise AssertionError("counted tensors before validating --r")
@@ -288,7 +288,7 @@ def test_console_script(qwen_bf16, tmp_path, capsys):
 @pytest.mark.quick
 def test_plot_without_matplotlib_fails_before_any_work(qwen_bf16, tmp_path, capsys, monkeypatch):
     """It ran the whole statistics pass and wrote --json before failing, with a hint unlike the README's."""
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
     from mergekit_ram.reporting import plot
 
     def refuse(*_a, **_k):

@@ -14,11 +14,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import config_text, planner_of
 from mergekit.graph import Task
 
-from helpers import config_text, planner_of
-from mergekit_ram import statistics
 from mergekit_ram._mergekit import counting, tasks
+from mergekit_ram.core import statistics
 from mergekit_ram.method import resolves_to_ours
 
 QUIET = SimpleNamespace(quiet=True, device="cpu", low_cpu_memory=False, multi_gpu=False)

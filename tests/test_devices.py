@@ -12,9 +12,9 @@ import pytest
 import torch
 from mergekit.options import MergeOptions
 
-from mergekit_ram import kernel, native
 from mergekit_ram._mergekit import counting
 from mergekit_ram.checks import config_checks
+from mergekit_ram.core import kernel, native
 
 EPS = 1e-5
 

@@ -184,7 +184,7 @@ def test_console_script_prints_the_table_and_writes_stats_last(flat_cnn, tmp_pat
 
 
 def test_a_rerun_takes_the_counts_from_the_cache(flat_mlp, tmp_path, monkeypatch):
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
 
     monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(tmp_path / "cache"))
     text = flat_config_text(flat_mlp, AGENTS, dtype="bfloat16")
@@ -203,7 +203,7 @@ def test_a_rerun_takes_the_counts_from_the_cache(flat_mlp, tmp_path, monkeypatch
 
 def test_the_cache_key_follows_a_file_not_its_folder(flat_mlp, tmp_path):
     """Two agents side by side in one folder have different identities; rewriting one changes its identity."""
-    from mergekit_ram import cache
+    from mergekit_ram.core import cache
 
     a, b = flat_mlp.path("A"), flat_mlp.path("B")
     assert os.path.dirname(a) == os.path.dirname(b)

@@ -1,10 +1,10 @@
-"""`mergekit_ram.formulas`: rho (Eq. 2) and lambda (Eq. 6, RAM+s) on plain numbers, against the equations."""
+"""`mergekit_ram.core.formulas`: rho (Eq. 2) and lambda (Eq. 6, RAM+s) on plain numbers, against the equations."""
 
 import math
 
 import pytest
 
-from mergekit_ram import formulas
+from mergekit_ram.core import formulas
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 

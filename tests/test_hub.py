@@ -81,7 +81,7 @@ def snapshot_folder(hub, repo: str, sha: str) -> Path:
 
 
 def public_identity(folder) -> dict:
-    from mergekit_ram import cache
+    from mergekit_ram.core import cache
     from mergekit_ram.reporting import report
 
     return report.public_identity(cache.folder_identity(str(folder)))

@@ -88,7 +88,7 @@ def test_what_the_inputs_hold_is_an_input_error(qwen_bf16):
     with pytest.raises(errors.InputError, match="model.layers.1.mlp.down_proj.weight") as info:
         inspection.inspect(_config(config_text(qwen_bf16, ["B", "NAN"])), _options())
     assert qwen_bf16.path("NAN") in str(info.value)
-    from mergekit_ram.kernel import NonFiniteInputError
+    from mergekit_ram.core.kernel import NonFiniteInputError
 
     assert isinstance(info.value.__cause__, NonFiniteInputError)  # the kernel's own error, kept
     assert isinstance(info.value, ValueError)  # still a ValueError to any caller that catches those

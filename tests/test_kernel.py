@@ -1,4 +1,4 @@
-"""mergekit_ram.kernel against the float64 reference, on small random tensors."""
+"""mergekit_ram.core.kernel against the float64 reference, on small random tensors."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import reference as R
 import torch
 
-from mergekit_ram import kernel
-
-import reference as R
+from mergekit_ram.core import kernel
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 EPS = 1e-5
@@ -24,7 +23,7 @@ R_, ALPHA = 0.1, 2.0
 @pytest.fixture(autouse=True, params=["native", "torch"])
 def backend(request, monkeypatch):
     """Every kernel test runs on the fused C loops and on the portable torch path."""
-    from mergekit_ram import native
+    from mergekit_ram.core import native
 
     monkeypatch.setenv("MERGEKIT_RAM_NATIVE", "1" if request.param == "native" else "0")
     if request.param == "native" and native.library() is None:
@@ -411,7 +410,7 @@ def test_native_allocation_failure_is_named_and_an_overflow_keeps_its_message(
 ):
     """The C loops return NO_MEMORY when malloc fails: a MemoryError naming the bytes and the tensor,
     not the overflow message (which a failed allocation used to get from `count`)."""
-    from mergekit_ram import native
+    from mergekit_ram.core import native
 
     if backend != "native":
         pytest.skip("the native loops' allocation")
@@ -544,7 +543,7 @@ _MEMORY_SCRIPT = textwrap.dedent(
         agents.append(a)
     k = 4096
     if which == "ours":
-        from mergekit_ram import kernel
+        from mergekit_ram.core import kernel
         kernel.count(base[:k], [a[:k] for a in agents], 1e-5)
         kernel.merge(base[:k], [a[:k] for a in agents], [1.1, 1.2, 1.0], 1e-5)
         p0 = peak_kib()
@@ -635,7 +634,7 @@ def nn_param(t: torch.Tensor) -> torch.nn.Parameter:
 @pytest.mark.parametrize("out_dtype", [None, torch.bfloat16, torch.float32], ids=str)
 def test_native_and_torch_paths_agree(backend, dtype, out_dtype, monkeypatch):
     """The fused loops are used when available and give the torch path's bits."""
-    from mergekit_ram import native
+    from mergekit_ram.core import native
 
     if backend != "native":
         pytest.skip("compares the native path with the torch path")

@@ -53,6 +53,22 @@ def _modules() -> dict[str, ast.Module]:
 MODULES = _modules()
 #: the package and its folders (each `__init__.py`, imported before the folder's modules anyway)
 PACKAGES = {name.removesuffix(".__init__") for name in MODULES if (PACKAGE.parent / name.replace(".", "/")).is_dir()}
+#: the package's groups from the top down: a module imports its own group's modules and those of groups below it,
+#: never one above (the seam's own order inside `_mergekit/` is the floors rule's)
+GROUPS = (
+    ("the entry points", ("mergekit_ram", "mergekit_ram.cli")),
+    ("the seam", ("mergekit_ram._mergekit",)),
+    ("the method, the API and the example", ("mergekit_ram.method", "mergekit_ram.api", "mergekit_ram.example_models")),
+    ("verify", ("mergekit_ram.verify",)),
+    ("reporting", ("mergekit_ram.reporting",)),
+    ("checks", ("mergekit_ram.checks",)),
+    ("the session", ("mergekit_ram.session",)),
+    ("core", ("mergekit_ram.core",)),
+    ("the shared leaves", ("mergekit_ram.errors", "mergekit_ram.files")),
+)
+#: at most this many modules directly in `mergekit_ram/` (its `__init__` aside): the entry points and what every
+#: folder shares
+TOP_LEVEL = 12
 #: verify's folder, and the modules outside it that may import it: the CLI, the doors (which read a record) and the
 #: seam's verify mode; no merge code
 VERIFY = "mergekit_ram.verify"
@@ -92,7 +108,7 @@ def _ours(module: str, names: list[str]) -> set[str]:
 
 
 def test_layout_is_what_the_rules_read():
-    assert {"mergekit_ram._mergekit.surface", "mergekit_ram._mergekit.hooks", "mergekit_ram.kernel"} <= MODULES.keys()
+    assert {"mergekit_ram._mergekit.surface", "mergekit_ram._mergekit.hooks", "mergekit_ram.core.kernel"} <= MODULES.keys()
 
 
 def test_no_import_cycles():
@@ -291,7 +307,7 @@ def test_no_module_global_holds_merge_state():
             "mergekit_ram._mergekit.loading": {"_status"},
             "mergekit_ram._mergekit.surface": {"_prepass_unavailable"},
             "mergekit_ram.method": {"_why_unavailable"},  # who to ask for the verdict above (the seam hands it)
-            "mergekit_ram.native": {"_lib", "_pool", "_failed"},
+            "mergekit_ram.core.native": {"_lib", "_pool", "_failed"},
         }
         names = {g for n in rebinds for g in n.names}
         assert names <= allowed.get(name, set()), f"{name} rebinds globals {names}"
@@ -358,3 +374,36 @@ def test_every_folder_says_what_lives_there():
         tree = MODULES[name]
         assert ast.get_docstring(tree), f"{name}/__init__.py has no docstring"
         assert not _imports(tree), f"{name}/__init__.py imports {_imports(tree)}"
+
+
+def _group(name: str) -> int:
+    """The index in GROUPS of the group `name` belongs to (a folder's modules belong to the folder's group)."""
+    for index, (_, members) in enumerate(GROUPS):
+        if name in members or any(name.startswith(m + ".") for m in members if m in PACKAGES - {"mergekit_ram"}):
+            return index
+    raise AssertionError(f"{name} is in no group of tests/test_layout.py's GROUPS: add it where its imports place it")
+
+
+def test_imports_run_down_the_groups():
+    """Every package module is in one group, and no import goes up: the seam above the method, verify above the card,
+    the card above the checks, the checks above the session and the core, all above `errors` and `files`."""
+    upward = [
+        f"{name} ({GROUPS[_group(name)][0]}) imports {dep} ({GROUPS[_group(dep)][0]})"
+        for name, deps in _graph().items()
+        for dep in deps
+        if _group(dep) < _group(name)
+    ]
+    assert not upward, "imports that run up the groups: " + "; ".join(upward)
+
+
+def test_the_top_level_holds_only_entry_points_and_what_folders_share():
+    top = sorted(name for name in MODULES if name.count(".") == 1 and name not in PACKAGES)
+    assert len(top) <= TOP_LEVEL, f"{len(top)} modules directly in mergekit_ram/ (at most {TOP_LEVEL}): {top}"
+
+
+def test_the_group_rule_places_each_module_where_its_folder_is():
+    names = [GROUPS[_group(m)][0] for m in ("mergekit_ram", "mergekit_ram._mergekit.hooks", "mergekit_ram.verify.hub",
+                                            "mergekit_ram.reporting.card", "mergekit_ram.core.kernel", "mergekit_ram.files")]  # fmt: skip
+    assert names == ["the entry points", "the seam", "verify", "reporting", "core", "the shared leaves"]
+    with pytest.raises(AssertionError, match="in no group"):
+        _group("mergekit_ram.somewhere_new")

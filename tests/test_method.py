@@ -10,12 +10,20 @@ from __future__ import annotations
 import logging
 import math
 
-import pytest
-import torch
-
 import models
-from helpers import DTYPE_OF, check_against_reference, config_text, inputs_of, no_nan_written, no_weights_written, stat_of, stats_by_path
+import pytest
 import reference as R
+import torch
+from helpers import (
+    DTYPE_OF,
+    check_against_reference,
+    config_text,
+    inputs_of,
+    no_nan_written,
+    no_weights_written,
+    stat_of,
+    stats_by_path,
+)
 
 BF16 = torch.bfloat16
 @pytest.fixture(scope="module", autouse=True)
@@ -177,7 +185,7 @@ def test_epsilon_zero_counts_every_change(run_yaml, qwen_bf16):
 
 
 def _forbid_count(monkeypatch):
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
 
     def refuse(*_a, **_k):
         raise AssertionError("the statistics pre-pass ran")
@@ -373,7 +381,7 @@ def test_two_slice_base_models_are_an_error(llama_sharded, run_yaml, tmp_path):
 @pytest.mark.quick
 @pytest.mark.parametrize("r", ["0.1", "0"], ids=["prepass", "merge"])
 def test_nan_in_agent_names_tensor_and_model(qwen_bf16, run_yaml, tmp_path, r):
-    from mergekit_ram.kernel import NonFiniteInputError
+    from mergekit_ram.core.kernel import NonFiniteInputError
 
     text = config_text(qwen_bf16, ["B", "NAN"], parameters=f"r: {r}")
     with pytest.raises(NonFiniteInputError) as info:
@@ -459,7 +467,7 @@ def test_cuda_merge_equals_cpu(run_yaml, merged, qwen_bf16):
 
 def test_statistics_order_changes_nothing(run_yaml, llama_sharded, monkeypatch):
     """The statistics pass counts in the reverse of the merge's order; the counts and the merge are the same."""
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
 
     order: list = []
     real = kernel.diagnose

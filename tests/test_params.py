@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mergekit_ram import params
+from mergekit_ram.core import params
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 

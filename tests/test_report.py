@@ -132,7 +132,7 @@ def test_diagnostics_equal_the_float64_definitions_over_the_stored_tensors(merge
 
 
 def test_content_ids_tell_inputs_apart_and_ignore_where_they_live(merged, qwen_bf16, tmp_path):
-    from mergekit_ram import cache
+    from mergekit_ram.core import cache
     from mergekit_ram.reporting import report
 
     stats = read_stats(merged(config_text(qwen_bf16, "ABC")).out)
@@ -385,7 +385,7 @@ def _check(text: str):
 
 
 def test_misspelled_top_level_parameter_fails_before_reading(run_yaml, qwen_bf16, tmp_path, monkeypatch):
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
 
     monkeypatch.setattr(kernel, "count", lambda *a, **k: pytest.fail("the pre-pass ran"))
     monkeypatch.setattr(kernel, "diagnose", lambda *a, **k: pytest.fail("the pre-pass ran"))
@@ -480,7 +480,7 @@ def test_with_lambda_for_returns_a_copy_with_lambda_for_other_parameters():
 
 
 def test_the_report_shows_lambda_by_one_rule():
-    from mergekit_ram import statistics
+    from mergekit_ram.core import statistics
 
     assert statistics.lambda_shown(None, 0.0, 2.0, "clip") == 1.0  # r = 0: plain RAM needs no rho
     assert statistics.lambda_shown(None, 0.1, 2.0, "clip") is None

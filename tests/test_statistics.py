@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 
 import pytest
+import reference as R
 import torch
 
-import reference as R
-from mergekit_ram import kernel, native, statistics
 from mergekit_ram._mergekit import counting
+from mergekit_ram.core import kernel, native, statistics
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from mergekit_ram.core.statistics import AgentStats
 from mergekit_ram.reporting import tables
-from mergekit_ram.statistics import AgentStats
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 

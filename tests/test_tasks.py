@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import config_text, planner_of
 from pydantic import BaseModel
 
-from helpers import config_text, planner_of
-from mergekit_ram import statistics
 from mergekit_ram._mergekit import surface, tasks
+from mergekit_ram.core import statistics
+from mergekit_ram.core.params import DEFAULTS
 from mergekit_ram.method import resolves_to_ours
-from mergekit_ram.params import DEFAULTS
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 

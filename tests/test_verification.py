@@ -128,7 +128,7 @@ def test_verify_without_the_compiled_kernel_passes_a_float32_merge(run_yaml, cap
     """A stranger's verify builds no kernel and counts with the torch one, whose float64 sums add in another order
     than the compiled loops that counted the merge: the diagnostics' last bits differ (checked below), and verify
     takes them to their rounding (`published_checks.SUM_TOLERANCE`) instead of calling an honest merge different."""
-    from mergekit_ram import kernel, native
+    from mergekit_ram.core import kernel, native
 
     if native.library() is None:
         pytest.skip("no C compiler: the merge would count with the torch kernel too")
@@ -266,7 +266,7 @@ def test_deleted_and_added_tensors_are_named(abc, tmp_path, capsys):
 
 
 def test_swapped_input_is_named_and_nothing_is_recomputed(qwen_bf16, run_yaml, tmp_path, capsys, monkeypatch):
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
 
     inputs = {who: Path(shutil.copytree(qwen_bf16.paths[who], tmp_path / who)) for who in ("base", "A", "B")}
     text = f"merge_method: ramplus\nbase_model: {inputs['base']}\nmodels:\n"
@@ -301,7 +301,7 @@ def test_swapped_input_is_named_and_nothing_is_recomputed(qwen_bf16, run_yaml, t
 )
 @pytest.mark.quick
 def test_edited_parameter_is_named_and_nothing_is_recomputed(qwen_bf16, run_yaml, tmp_path, capsys, monkeypatch, edit, named):
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
 
     parameters = "r: 0.1\nrho_scope: model" if edit[0] != "dtype: bfloat16" else ""
     run = run_yaml(config_text(qwen_bf16, ["A", "B"], parameters=parameters))
@@ -344,7 +344,7 @@ def test_mergekit_multi_stages_verify(qwen_bf16, tmp_path, capsys):
 def test_rho_comes_from_the_cache_when_it_holds_the_counts(qwen_bf16, run_yaml, tmp_path, capsys, monkeypatch, caplog):
     import logging
 
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
 
     monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(tmp_path / "cache"))
     run = run_yaml(config_text(qwen_bf16, ["A", "B", "C"]))

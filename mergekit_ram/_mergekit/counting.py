@@ -18,8 +18,8 @@ from typing import Any
 
 from mergekit.graph import Task
 
-from mergekit_ram import cache, kernel, native, statistics
 from mergekit_ram._mergekit import tasks as planned_tasks
+from mergekit_ram.core import cache, kernel, native, statistics
 from mergekit_ram.errors import RamError
 
 LOG = logging.getLogger("mergekit_ram")

@@ -14,9 +14,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from mergekit_ram import cache, errors
+from mergekit_ram import errors
 from mergekit_ram._mergekit import counting, flat, surface, tasks
 from mergekit_ram.checks import input_checks
+from mergekit_ram.core import cache
 from mergekit_ram.method import resolves_to_ours
 from mergekit_ram.reporting import report
 from mergekit_ram.session import MergeSession, Mode

@@ -26,9 +26,9 @@ from typing import Any
 
 from mergekit.graph import Task
 
-from mergekit_ram import cache
 from mergekit_ram._mergekit.tasks import Plan, Row, Save, header_entry, planned
 from mergekit_ram.checks import input_checks
+from mergekit_ram.core import cache
 from mergekit_ram.errors import RamError
 
 LOG = logging.getLogger("mergekit_ram")

@@ -23,10 +23,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from mergekit_ram import cache, files, statistics
+from mergekit_ram import files
 from mergekit_ram._mergekit import surface
 from mergekit_ram.checks import input_checks
-from mergekit_ram.params import DEFAULTS
+from mergekit_ram.core import cache, statistics
+from mergekit_ram.core.params import DEFAULTS
 from mergekit_ram.session import Planned
 
 LOG = logging.getLogger("mergekit_ram")

@@ -30,9 +30,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from mergekit_ram import cachedir, errors
+from mergekit_ram import errors
 from mergekit_ram._mergekit import door, loading, pipeline, published, rerun, surface
 from mergekit_ram.checks import config_checks
+from mergekit_ram.core import cachedir
 from mergekit_ram.errors import InputError
 from mergekit_ram.method import NAME, refuse_foreign
 from mergekit_ram.reporting import report

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from mergekit_ram import params
+from mergekit_ram.core import params
 from mergekit_ram.errors import RamError
 
 LOG = logging.getLogger("mergekit_ram")

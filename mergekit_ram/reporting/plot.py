@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from mergekit_ram.statistics import Statistics
+from mergekit_ram.core.statistics import Statistics
 
 #: What `--plot` says when matplotlib is missing (the README's words: mergekit-ram is not on PyPI, so no extra
 #: can be installed by its name).

@@ -49,8 +49,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mergekit_ram import statistics
 from mergekit_ram.checks import output_checks
+from mergekit_ram.core import statistics
 from mergekit_ram.reporting import versions
 from mergekit_ram.reporting.labels import input_labels
 from mergekit_ram.session import Planned

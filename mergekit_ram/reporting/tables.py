@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from mergekit_ram.params import DEFAULTS
-from mergekit_ram.statistics import AgentStats, PairStats
+from mergekit_ram.core.params import DEFAULTS
+from mergekit_ram.core.statistics import AgentStats, PairStats
 
 
 def format_table(

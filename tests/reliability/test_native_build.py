@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import NEEDS_COMPILER
 
 import mergekit_ram
-from helpers import NEEDS_COMPILER
-from mergekit_ram import native
+from mergekit_ram.core import native
 
 LOGGER = "mergekit_ram"
 

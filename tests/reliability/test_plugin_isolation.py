@@ -21,9 +21,9 @@ import pytest
 import torch
 from helpers import HAS_COMPILER, NO_COMPILER, config_yaml
 
-from mergekit_ram import native
 from mergekit_ram._mergekit import loading, pipeline
 from mergekit_ram.checks import config_checks, input_checks
+from mergekit_ram.core import native
 from mergekit_ram.reporting import card
 
 METHODS = {

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from helpers import config_yaml, finished, full_disk, inputs, not_complete
 
-from mergekit_ram import cache
+from mergekit_ram.core import cache
 
 WORKER = textwrap.dedent(
     """
@@ -45,7 +45,7 @@ WORKER = textwrap.dedent(
         time.sleep(300)
 
     if point == "statistics":  # the fifth tensor of the statistics pass (it counts with its diagnostics)
-        import mergekit_ram.kernel as kernel
+        import mergekit_ram.core.kernel as kernel
         real_diagnose, calls = kernel.diagnose, []
 
         def diagnose(*args, **kwargs):

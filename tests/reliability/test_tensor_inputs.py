@@ -45,7 +45,7 @@ def _poke(value, index=7):
     ids=["nan-in-base", "inf-in-agent", "-inf-in-agent-r0", "inf-in-base-r0"],
 )
 def test_non_finite_value_names_tensor_and_model(rel, qwen_bf16, make_model, run_yaml, tmp_path, who, value, r):
-    from mergekit_ram.kernel import NonFiniteInputError
+    from mergekit_ram.core.kernel import NonFiniteInputError
 
     fam = qwen_bf16.family
     source = fam.base if who == "base" else fam.agents["A"]
@@ -61,7 +61,7 @@ def test_non_finite_value_names_tensor_and_model(rel, qwen_bf16, make_model, run
 
 
 def test_nan_in_a_tied_embedding_names_it(rel, llama_tied, make_model, run_yaml, tmp_path):
-    from mergekit_ram.kernel import NonFiniteInputError
+    from mergekit_ram.core.kernel import NonFiniteInputError
 
     fam = llama_tied.family
     bad = make_model("tied-nan", _with(fam.agents["A"], EMBED, _poke(math.nan, 3)), arch="llama", tied=True)

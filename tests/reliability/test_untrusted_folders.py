@@ -420,7 +420,7 @@ def test_a_link_out_of_the_folder_is_refused_and_not_echoed(rel, merged, capsys,
 
 def test_verify_writes_nothing_with_a_cold_cache_and_no_kernel_built(rel, qwen_bf16, run_yaml, tmp_path, capsys,
                                                                      monkeypatch):  # fmt: skip
-    from mergekit_ram import native
+    from mergekit_ram.core import native
 
     out = run_yaml(config_yaml(qwen_bf16.path("base"), [qwen_bf16.path("A"), qwen_bf16.path("B")]),
                    out=tmp_path / "o").out  # fmt: skip
@@ -643,7 +643,7 @@ def test_a_published_tensor_the_merge_now_refuses_is_named(rel, qwen_bf16, make_
                                                            monkeypatch):  # fmt: skip
     """A folder an earlier mergekit-ram wrote with inf from finite inputs (float16, lambda past 65,504): the merge
     now stops there, so the folder is not what it records (before: "bit-identical", exit 0; issue 39, case 4)."""
-    from mergekit_ram import kernel
+    from mergekit_ram.core import kernel
 
     fam = qwen_bf16.family
     name = "model.layers.1.mlp.down_proj.weight"

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from mergekit_ram import cachedir
+from mergekit_ram.core import cachedir
 from mergekit_ram.errors import UnsafeLocation
 
 LOG = logging.getLogger("mergekit_ram")

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
-from mergekit_ram import native
-from mergekit_ram.errors import NonFiniteInputError as NonFiniteInputError
-from mergekit_ram.errors import NonFiniteResultError as NonFiniteResultError
+from mergekit_ram.core import native
 
 # the scalar formulas (Eqs. 2, 6, RAM+s), offered here beside the tensor math
-from mergekit_ram.formulas import lambda_clip as lambda_clip
-from mergekit_ram.formulas import lambda_soft as lambda_soft
-from mergekit_ram.formulas import rho as rho
+from mergekit_ram.core.formulas import lambda_clip as lambda_clip
+from mergekit_ram.core.formulas import lambda_soft as lambda_soft
+from mergekit_ram.core.formulas import rho as rho
+from mergekit_ram.errors import NonFiniteInputError as NonFiniteInputError
+from mergekit_ram.errors import NonFiniteResultError as NonFiniteResultError
 
 CHUNK_CPU = 1 << 18
 CHUNK_ACCELERATOR = 1 << 24

@@ -26,7 +26,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mergekit_ram import cachedir, files
+from mergekit_ram import files
+from mergekit_ram.core import cachedir
 
 LOG = logging.getLogger("mergekit_ram")
 

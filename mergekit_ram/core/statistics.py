@@ -21,8 +21,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from mergekit_ram import formulas
-from mergekit_ram.params import DEFAULTS, LAMBDA_RULES, SCOPES
+from mergekit_ram.core import formulas
+from mergekit_ram.core.params import DEFAULTS, LAMBDA_RULES, SCOPES
 
 _LAYER = re.compile(r"(^|\.)(layers|h|blocks|block|layer)\.(\d+)\.")
 
