@@ -452,3 +452,19 @@ def test_a_config_holding_a_tab_is_one_line_with_its_line_and_column(rel, qwen_b
     line = next((x for x in said if "YAML" in x), said[-1] if said else "")
     rel.names(line, "not valid YAML (line 3, column 1: found character '\\t'")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_same_agent_listed_twice_through_a_symlink_is_named(rel, qwen_bf16, run_yaml, tmp_path, caplog):
+    """Identity by content, not by path: a link to an agent's folder is that agent again, and a warning names
+    both (each counts as an agent that agrees with the other on every change)."""
+    link = tmp_path / "A-again"
+    link.symlink_to(qwen_bf16.paths["A"], target_is_directory=True)
+    agents = [qwen_bf16.path("A"), str(link), qwen_bf16.path("B")]
+    rel.watch(*qwen_bf16.paths.values())
+    caplog.set_level(logging.WARNING, logger="mergekit_ram")
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), agents))
+    said = [r.getMessage() for r in caplog.records if "have the same content" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    rel.names(said[0], qwen_bf16.path("A"), link)
+    assert qwen_bf16.path("B") not in said[0]
+    rel.matches_reference(run.tensors, *inputs(qwen_bf16.path("base"), agents))
