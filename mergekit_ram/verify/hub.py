@@ -166,9 +166,10 @@ class _Lie(Unreadable):
 
 
 def bounds() -> tuple[float, float]:
-    """(metadata, download): in seconds, how long verify waits for the Hub to accept a connection and for each
-    read of a metadata answer (huggingface_hub's `HF_HUB_ETAG_TIMEOUT`), and for each read of a file's bytes
-    (`HF_HUB_DOWNLOAD_TIMEOUT`): 10 s each unless set."""
+    """(metadata, download): in seconds, how long verify waits for a connection and each read of the repository's
+    metadata or a file's headers (huggingface_hub's `HF_HUB_ETAG_TIMEOUT`), and for each read of a listing or a
+    file's bytes (`HF_HUB_DOWNLOAD_TIMEOUT`): 10 s each unless set. huggingface_hub retries a listing or a download
+    that timed out up to 5 times (docs/verify.md: about 85 s per request at the defaults)."""
     from huggingface_hub import constants
 
     return float(constants.HF_HUB_ETAG_TIMEOUT), float(constants.HF_HUB_DOWNLOAD_TIMEOUT)
