@@ -146,7 +146,11 @@ def _inspect(
 
     options = merge_options.merge_options(merge)
     options.apply_global_options()
-    merge_config = inspection.config_of(yaml.safe_load(config.read_text(encoding="utf-8")))  # or mergekit-pytorch's
+    try:
+        text = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise _UsageError(f"{config} is {errors.yaml_said(error) or 'not valid YAML'}") from error
+    merge_config = inspection.config_of(text)  # or mergekit-pytorch's
     done = inspection.inspect(merge_config, options, tensor_union=tensor_union, tensor_intersection=tensor_intersection)
     assert done.report is not None and done.stats is not None
     found = report.with_lambda_for(done.report, r=r, alpha=alpha, lambda_rule=lambda_rule)  # lambda for the flags'
@@ -200,12 +204,13 @@ def _verify_command() -> click.Command:
             "only the files verify reads are fetched, never code), holds what its ramplus merge makes of its "
             "inputs, writing nothing and running no code from it or its inputs: check each input's recorded "
             "identity (a hub id at its recorded revision, or a local copy), that mergekit_config.yml plans the "
-            "recorded parameters, recompute the merge tensor by tensor (rho from the statistics cache when it "
-            "holds the counts, else counted in memory) and compare each tensor's bits with the published one; "
+            "recorded parameters, recompute the merge tensor by tensor (rho counted again in memory: the statistics "
+            "cache is never evidence) and compare each tensor's bits with the published one; "
             "then ram_stats.json's statistics, the card's RAM+ section, config.json and the copied tokenizer "
             "files. The last line says what was checked and what was not. Exit 0: bit-identical; 1: the merge "
             "is not what it records (each difference named); 2: a usage error; 3: cannot check (an input "
-            "missing or changed, a recorded option refused, a file refused or unreadable, the Hub unreachable)."
+            "missing or changed, a recorded option refused, a file refused or unreadable, the Hub unreachable, "
+            "silent or contradicting itself)."
         ),
     )
     @click.argument("target", metavar="OUT_DIR|ORG/NAME[@REVISION]")
@@ -274,15 +279,16 @@ def _verify(
 
         options = merge_options.merge_options(merge)
         options.apply_global_options()
-        outcome = verification.verify(
-            published.folder if published is not None else str(target),
-            options,
-            trust_remote_code=trust,
-            inputs=inputs,
-            inputs_from=inputs_from,
-            input_dir=None if input_dir is None else str(input_dir),
-            published=published,
-        )
+        with hub.guarded():  # the inputs a hub id names: their answers checked and bounded too
+            outcome = verification.verify(
+                published.folder if published is not None else str(target),
+                options,
+                trust_remote_code=trust,
+                inputs=inputs,
+                inputs_from=inputs_from,
+                input_dir=None if input_dir is None else str(input_dir),
+                published=published,
+            )
     except errors.NotVerifiable as error:
         raise _UsageError(str(error)) from error
     except errors.CANNOT_CHECK as error:

@@ -7,10 +7,11 @@ names the thing and the fix. mergekit's commands (`mergekit-yaml`, `mergekit-pyt
 `sys.excepthook`, which the seam replaces (`_mergekit/hooks.py`, once mergekit is loaded) by
 `excepthook`: one line on stderr, exit status 1. `MERGEKIT_RAM_TRACEBACK=1`, or `-v` (mergekit's
 verbose logging, the root logger at INFO or below), shows the traceback as before. Only an uncaught
-`RamError` itself is shortened, and only when the hook that was there is Python's own: any other
-exception (one a program raised `from` a RamError included) and, for a program that set its own hook
-(a crash reporter), every exception go to that hook untouched. A script calling `run_merge` gets the
-same line when it does not catch the error; Python code catches `RamError` (or `ValueError`).
+`RamError` itself, or a YAML error in a config (its line and column, `yaml_said`), is shortened, and only
+when the hook that was there is Python's own: any other exception (one a program raised `from` a RamError
+included) and, for a program that set its own hook (a crash reporter), every exception go to that hook
+untouched. A script calling `run_merge` gets the same line when it does not catch the error; Python code
+catches `RamError` (or `ValueError`).
 
 Every error class of the package is defined here (`RamError` and its kinds; the few that are no
 one-line refusal: `NotVerifiable`, `Unreadable`, `UnsafeLocation`, `IncompatibleMergekit`); the modules
@@ -95,12 +96,23 @@ def said(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
-def one_line(error: BaseException, prog: str | None = None) -> str | None:
-    """The one line a command prints for `error`, or None when it would show a traceback (not a `RamError`: an
-    error raised from one is the raiser's, with its own type and message)."""
-    if not isinstance(error, RamError):
+def yaml_said(error: BaseException) -> str | None:
+    """A YAML parser's error (PyYAML's, with a mark) on one line: where it stopped, line and column, and why;
+    None for another error."""
+    mark = getattr(error, "problem_mark", None)
+    if mark is None or not type(error).__module__.startswith("yaml"):
         return None
-    message = said(error)
+    problem = " ".join(str(getattr(error, "problem", "") or "").split()) or type(error).__name__
+    return f"not valid YAML (line {mark.line + 1}, column {mark.column + 1}: {problem})"
+
+
+def one_line(error: BaseException, prog: str | None = None) -> str | None:
+    """The one line a command prints for `error`, or None when it would show a traceback (not a `RamError` nor a
+    config's YAML error: an error raised from one is the raiser's, with its own type and message)."""
+    yaml_error = yaml_said(error)
+    if not isinstance(error, RamError) and yaml_error is None:
+        return None
+    message = said(error) if yaml_error is None else f"the config is {yaml_error}"
     prog = prog or os.path.basename(sys.argv[0] or "") or "mergekit"
     return f"{prog}: error: {message}"
 

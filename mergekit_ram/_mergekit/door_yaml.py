@@ -19,7 +19,7 @@ from mergekit_ram.checks import input_checks, output_checks
 from mergekit_ram.method import resolves_to_ours
 from mergekit_ram.reporting import report
 from mergekit_ram.session import MergeSession, Mode
-from mergekit_ram.verify import folder_checks, input_copies, record_checks
+from mergekit_ram.verify import folder_checks, hub, input_copies, record_checks
 
 #: ram_stats.json's entry point of a merge through this door
 ENTRY_POINT = "run_merge"
@@ -158,7 +158,15 @@ def pinned(config: Any, recorded: dict, copies: Mapping[str, str]) -> tuple[Any,
             continue
         revision = identities.get(str(model), {}).get("revision")
         local = os.path.exists(model.model.path)
-        if revision and not local and model.model.revision != revision:
+        asked = model.model.revision
+        if not local and asked and not hub.REVISION.fullmatch(asked):  # a path in the Hub cache, not a revision
+            raise errors.Unreadable(f"{record_checks.CONFIG_FILE} names input {model} at {asked[:80]!r}, no revision")
+        if revision and not local and asked != revision:
+            if not hub.COMMIT.fullmatch(str(revision)):  # it would name a path in the Hub cache
+                raise errors.Unreadable(
+                    f"{output_checks.STATS_FILE} records {str(revision)[:80]!r} as the revision of input {model}, "
+                    "not a commit id (40 hex digits)"
+                )
             pins[model] = model.model_copy(update={"model": ModelPath(path=model.model.path, revision=revision)})
     if not pins:
         return config, {}

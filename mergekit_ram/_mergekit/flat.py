@@ -81,7 +81,10 @@ class FlatPlan(Plan):
         stored: dict[str, input_checks.Stored] = {}
         for model, load in task.gather_tensors.tensors.items():
             if _stores(load):  # one that lacks it: settled by the union rule
-                stored[str(model)] = header_entry(load.model, load.tensor_name, headers)
+                found = header_entry(load.model, load.tensor_name, headers)
+                if found is None or found[0] is None:  # a PyTorch pickle: its dtype for the warnings, shape later
+                    found = (pickled_dtype(load.model, load.tensor_name, headers), None)
+                stored[str(model)] = found
         return task.output_weight.name, str(task.base_model), False, stored
 
     def identity(self, model: Any) -> dict:
@@ -211,3 +214,28 @@ def _stores(load: Any) -> bool:
 def _some(names: list[str], shown: int = 5) -> str:
     names = sorted(names)
     return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+#: torch's floating dtypes by safetensors' names (what the stored-dtype warnings compare)
+_NAMES = {"torch.float64": "F64", "torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16"}
+
+
+def pickled_dtype(path: str, name: str, headers: dict[str, dict]) -> str | None:
+    """The dtype a PyTorch pickle (zip format, already checked safe by `input_checks`) stores tensor `name` in,
+    by safetensors' name, as a header would say it: loaded on the meta device (no tensor data read), once per file
+    (`headers`); None when it cannot say (a legacy pickle is not read for this)."""
+    import zipfile
+
+    if path not in headers:
+        headers[path] = {}
+        try:
+            if zipfile.is_zipfile(path):
+                import torch
+
+                found = torch.load(path, map_location="meta", weights_only=True, mmap=True)
+                if isinstance(found, dict):
+                    headers[path] = {k: {"dtype": _NAMES.get(str(v.dtype), str(v.dtype))} for k, v in found.items()
+                                     if isinstance(v, torch.Tensor)}  # fmt: skip
+        except Exception:  # the input checks and mergekit name a file they cannot read
+            headers[path] = {}
+    return headers[path].get(name, {}).get("dtype")

@@ -168,7 +168,7 @@ def _plan_flat_merge(original: Callable[..., list[Any]]) -> Callable[..., list[A
         door = door_pytorch.PytorchDoor(config, options, tensor_union, tensor_intersection)
 
         def run(current: session.MergeSession, before: Any) -> list[Any]:
-            output_checks.check_output_files(door.inputs(), out_path)
+            output_checks.check_output_files(door.inputs(), out_path, getattr(options, "transformers_cache", None))
             output_checks.remove_stale_statistics(out_path)
             with flat.planning(options):
                 planned = original(config, out_path, door.tensor_union, door.tensor_intersection, options)
@@ -220,7 +220,7 @@ def _plan_to_disk(original: Callable[[Any, str], list[Any]], planner: Any, out_p
         return original(planner, out_path)
     current = _session_for(planner)
     with session.active(current):
-        output_checks.check_output(planner.config, out_path)
+        output_checks.check_output(planner.config, out_path, getattr(planner.options, "transformers_cache", None))
         output_checks.remove_stale_statistics(out_path)
         planned = original(planner, out_path)
         if current.report is not None:

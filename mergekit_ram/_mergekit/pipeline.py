@@ -13,9 +13,11 @@ merges through either door, `inspection` and `verification` plan downhill themse
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from mergekit.graph import Task
@@ -62,6 +64,8 @@ def prepare(plan: tasks.Plan, current: session.MergeSession, seen: dict[str, dic
         LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")
     if current.stats is not None and merging:
         tasks.inject(plan, found, current.stats, needs, tied)
+    if current.mode is not session.Mode.VERIFY:
+        warn_same_content(planned[0], seen, plan.identity, current.labels)
     current.report = report.build(
         current.stats,
         current.planned,
@@ -98,7 +102,33 @@ def identities(task: Any, seen: dict[str, dict], identify: counting.Identify) ->
     return out
 
 
-def _named(agent: str, labels: dict[str, str]) -> str:
+def warn_same_content(task: Any, seen: dict[str, dict], identify: counting.Identify, labels: Mapping[str, str]) -> None:
+    """Agents with the same identity by content (their weight files' sizes, headers and samples; not their paths,
+    names or links): one model listed twice, each counted as an agent that agrees with the other on every change.
+    A warning naming them (inputs whose weights are not sampled, PyTorch pickles in a folder, are not compared)."""
+    found: dict[str, list[str]] = {}
+    for model in task.model_order:
+        if model == task.base_model:
+            continue
+        try:
+            entries = counting.identity(model, seen, identify).get("files", {}).values()
+        except Exception:
+            continue  # an input that cannot be read is named by the checks
+        if any(entry.get("sample_sha256") for entry in entries):
+            content = [[e.get("size"), e.get("header_sha256"), e.get("sample_sha256")] for e in entries]
+            found.setdefault(json.dumps(sorted(content, key=str)), []).append(str(model))
+    for same in found.values():
+        if len(same) > 1:
+            LOG.warning(
+                "ramplus: %s have the same content (their weight files' sizes, headers and samples agree): one "
+                "model listed %d times counts as %d agents that agree on every change",
+                " and ".join(_named(model, labels) for model in same),
+                len(same),
+                len(same),
+            )
+
+
+def _named(agent: str, labels: Mapping[str, str]) -> str:
     """An agent as a warning names it to the one merging: its label, then its input where that differs (the
     console is theirs; the tables and the card name only labels)."""
     label = labels.get(agent, agent)

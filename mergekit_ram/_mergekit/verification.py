@@ -13,15 +13,16 @@ own config):
 2. the config is planned as mergekit plans it, downhill like `inspect` (the door's `plan`, with the recorded
    options that change what is merged), and what it plans is checked against `ram_stats.json`
    (`record_checks.plan_mismatches`): an edited parameter is named, and nothing is recomputed;
-3. the merge runs again through the pipeline of a merge (`pipeline.prepare`: rho from the statistics
-   cache when it holds the counts, else counted in memory, and injected), on the executor `run_merge` would
+3. the merge runs again through the pipeline of a merge (`pipeline.prepare`: rho counted again in memory,
+   never read from the statistics cache, which is no evidence, and injected), on the executor `run_merge` would
    use (`rerun`): where mergekit would save each tensor (`SaveTensor`, cast to its dtype), `CompareTensor`
    compares it with the published one (`PublishedTensor`), so the executor holds what a merge holds (less: no
    output shard is buffered). Tensors in the folder that the merge does not plan are named;
 4. the files beside the weights are checked against what the merge makes (`published`).
 
-Nothing is written (`cachedir.read_only`): not into the folder or an input, not into the statistics cache, no
-kernel is built. The judging is `record_checks`' and `verdict`'s, on plain data; this module plans, `rerun` runs.
+Nothing is read from the statistics cache and nothing is written (`cachedir.read_only`): not into the folder
+or an input, not into the statistics cache, no kernel is built. The judging is `record_checks`' and
+`verdict`'s, on plain data; this module plans, `rerun` runs.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def verify(
     copies = input_copies.local_copies(recorded, inputs, parents=inputs_from, folder=input_dir)
     outcome.entry_point = record.get("entry_point")
     outcome.notes += record_checks.version_notes(recorded, report.installed_versions(), report.installed_from())
-    with cachedir.read_only():  # nothing written: no statistics cache entry, no kernel build
+    with cachedir.read_only():  # no statistics cache entry read or written, no kernel build
         try:
             _verify(folder, recorded, record, options, trust_remote_code, copies, outcome)
         except errors.CANNOT_CHECK as error:

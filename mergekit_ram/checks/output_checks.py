@@ -29,8 +29,9 @@ STATS_FILE = "ram_stats.json"
 STATS_FORMAT = "mergekit-ram/ram_stats"
 
 
-def check_output(config: Any, out_path: str) -> None:
-    """Refuse an output folder that is, or is inside, an input model's folder, or a path that is a file."""
+def check_output(config: Any, out_path: str, hub_cache: str | None = None) -> None:
+    """Refuse an output folder that is, or is inside, an input model's folder (a hub id's snapshot included: the
+    Hub cache, `check_place`), a path that is a file, or one that cannot be written."""
     check_not_a_file(out_path)
     out = os.path.realpath(out_path)
     for model in config.referenced_models():
@@ -42,6 +43,35 @@ def check_output(config: Any, out_path: str) -> None:
                     f"output folder {out_path} is inside the input model {model}; "
                     "the merge would overwrite it. Choose another output folder."
                 )
+    check_place(out_path, hub_cache)
+
+
+def check_place(out_path: str, hub_cache: str | None = None) -> None:
+    """Refuse an output folder anywhere inside the Hugging Face Hub cache (huggingface_hub's `HF_HUB_CACHE`, from
+    `HF_HOME`, and the `cache_dir` a merge gives it, `hub_cache`): its snapshots' files are links into blobs
+    shared by every revision of a repository, a hub id input's among them. Then one that cannot be written
+    (a read-only file system, a folder not the user's to write), said before the merge runs."""
+    from huggingface_hub import constants
+
+    out = os.path.realpath(out_path)
+    for cache in {constants.HF_HUB_CACHE, *([hub_cache] if hub_cache else [])}:
+        root = os.path.realpath(os.path.expanduser(cache))
+        if out == root or out.startswith(root + os.sep):
+            parts = os.path.relpath(out, root).split(os.sep)
+            repo = parts[0].split("--", 1)[-1].replace("--", "/") if parts[0].startswith("models--") else None
+            at = parts[2] if repo and len(parts) > 2 and parts[1] == "snapshots" else None
+            snapshot = f" (the snapshot of {repo} at {at})" if at else ""
+            raise RamError(
+                f"output folder {out_path} resolves to {out}, inside the Hugging Face Hub cache {root}{snapshot}: "
+                "its files are links shared by every revision of a repository. Choose another output folder."
+            )
+    existing = out
+    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        read_only = bool(os.statvfs(existing).f_flag & getattr(os, "ST_RDONLY", 1))
+        why = "on a read-only file system" if read_only else "not writable by you"
+        raise RamError(f"output folder {out_path} cannot be written: {existing} is {why}. Choose another output folder")
 
 
 def check_not_a_file(out_path: str) -> None:
@@ -50,7 +80,7 @@ def check_not_a_file(out_path: str) -> None:
         raise RamError(f"output folder {out_path} is a file, not a folder. Choose another output folder.")
 
 
-def check_output_files(inputs: list[str], out_path: str) -> None:
+def check_output_files(inputs: list[str], out_path: str, hub_cache: str | None = None) -> None:
     """`mergekit-pytorch`, whose inputs are files: refuse an output folder that is an input file, or the folder
     holding one (the merge writes `model.safetensors` and `ram_stats.json` there, could overwrite an input of
     that name, and would remove an earlier merge's weight files there). A new folder inside it, or one that
@@ -69,6 +99,7 @@ def check_output_files(inputs: list[str], out_path: str) -> None:
                 "for example a new folder inside it."
             )
     check_not_a_file(out_path)
+    check_place(out_path, hub_cache)
 
 
 def check_config_serialisable(config: Any) -> None:

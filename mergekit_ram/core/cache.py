@@ -8,16 +8,25 @@ hub snapshot's folder names its revision; a `mergekit-pytorch` input is one file
 identified alone: `file_identity`),
 the planned tensors with their inputs, dtype, vocabulary alignment and
 per-tensor epsilon, and the format version. Writes are atomic (temp file +
-rename), so concurrent merges never see half an entry; a corrupt entry, or one
-another user wrote (counts decide the merged weights), is ignored with a
-warning and recomputed. The folder is created private to the user.
+rename), so concurrent merges never see half an entry.
+
+The cache is a hint for merges, never evidence: an entry is authenticated by an HMAC-SHA256 keyed with a
+random secret kept in the cache folder (`SECRET`, created 0600 once, atomically, by the first merge), so an
+entry edited by hand, even with its checksum recomputed, or written by another user, is ignored with a warning
+naming it and recounted. A cache folder that is not the user's or that others may write, or a secret that is
+not the user's or that others may read, is not used at all (one warning). Every file is opened without
+blocking and without following a link, and read only once it is seen to be a regular file: a FIFO or a device
+at an entry's name is a warning, never a hang. `verify` reads no entry (`cachedir.read_only`): it counts again.
 
 `MERGEKIT_RAM_CACHE=/path` moves it; `MERGEKIT_RAM_CACHE=off` turns it off.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -31,7 +40,10 @@ from mergekit_ram.core import cachedir
 
 LOG = logging.getLogger("mergekit_ram")
 
-FORMAT = 3  # 3: counts with diagnostics (entries of format 2 have another key: recounted)
+FORMAT = 4  # 4: authenticated (`mac`); 3: a checksum anyone could recompute (entries of format 3 have another key)
+#: the cache folder's secret: the HMAC key of its entries
+SECRET = "secret.key"
+_SECRET_BYTES = 32
 
 
 def directory() -> Path | None:
@@ -99,28 +111,32 @@ def key(parts: Any) -> str:
 
 
 def load(digest: str) -> dict | None:
-    """The cached entry for `digest`, or None (missing, corrupt or stale)."""
+    """The cached entry for `digest`, or None (missing, corrupt, edited, foreign, or read only: `verify`)."""
     folder = directory()
-    if folder is None:
+    if folder is None or not cachedir.writable():  # off, or verify: it counts again, never takes an entry's word
+        return None
+    if not folder.is_dir():
+        return None
+    key_ = secret(folder)  # an unusable secret: the cache is not used, said once
+    if key_ is None:
         return None
     path = folder / f"{digest}.json"
     try:
-        with open(path, encoding="utf-8") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise ValueError("not a regular file")
-            if st.st_uid != os.geteuid():
-                raise ValueError(f"written by uid {st.st_uid}, not by you")
-            entry = json.load(f)
+        text = read_regular(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except Exception as error:  # a special file, a link, another user's
+        LOG.warning("mergekit-ram: ignoring unreadable statistics cache entry %s (%s)", path, error)
+        return None
+    try:
+        entry = json.loads(text.decode("utf-8"))
         if entry.get("format") != FORMAT or entry.get("key") != digest:
             raise ValueError("format or key mismatch")
         _validate(entry["agents"], entry["tensors"])
-        if entry.get("checksum") != _checksum(entry["agents"], entry["tensors"]):
-            raise ValueError("checksum mismatch")
+        if not hmac.compare_digest(str(entry.get("mac")), _mac(key_, digest, entry["agents"], entry["tensors"])):
+            raise ValueError("keyed checksum mismatch: edited, or not written by your mergekit-ram")
         return entry
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except Exception as error:  # corrupt, truncated, foreign: recompute
+    except Exception as error:  # corrupt, truncated, edited: recompute
         LOG.warning("mergekit-ram: ignoring unreadable statistics cache entry %s (%s)", path, error)
         return None
 
@@ -130,20 +146,83 @@ def store(digest: str, agents: list, tensors: list) -> Path | None:
     folder = directory()
     if folder is None or not cachedir.writable():  # off, or read only (verify)
         return None
-    entry = {
-        "format": FORMAT,
-        "key": digest,
-        "agents": agents,
-        "checksum": _checksum(agents, tensors),
-        "tensors": tensors,
-    }
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        files.write_atomic(str(folder / f"{digest}.json"), json.dumps(entry))
+        key_ = secret(folder, quiet=True)  # an unusable secret was named when the entry was looked up; OSError: said
+        if key_ is None:
+            return None
+        entry = {"format": FORMAT, "key": digest, "agents": agents, "mac": _mac(key_, digest, agents, tensors)}
+        files.write_atomic(str(folder / f"{digest}.json"), json.dumps({**entry, "tensors": tensors}))
         return folder / f"{digest}.json"
     except OSError as error:
         LOG.warning("mergekit-ram: could not write the statistics cache in %s: %s", folder, error)
         return None
+
+
+def read_regular(path: str | Path, secret_of: int = 0) -> bytes:
+    """The bytes of the regular file at `path`, this user's: opened without blocking (a FIFO does not wait for a
+    writer) and without following a link, and read only once seen to be a regular file (`fstat`); a secret of
+    `secret_of` bytes (at most one more is read) must be the user's alone to read. ValueError naming what it is
+    otherwise."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ValueError("a symbolic link, not a regular file") from error
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_uid != os.geteuid():
+            raise ValueError(f"written by uid {st.st_uid}, not by you")
+        if secret_of and st.st_mode & 0o077:
+            raise ValueError(f"others may read it (mode {st.st_mode & 0o777:o})")
+        return f.read(secret_of + 1 if secret_of else -1)
+
+
+def secret(folder: Path, *, quiet: bool = False) -> bytes | None:
+    """The HMAC key of the entries in `folder` (created by the first merge, 0600, atomically: written whole, then
+    linked in place). None, with a warning unless `quiet`, when the folder is not the user's or others may write
+    it, or the secret is not the user's, others may read it, or it cannot be made."""
+    path = folder / SECRET
+    try:
+        st = os.stat(folder)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise ValueError(f"the folder is uid {st.st_uid}'s, mode {st.st_mode & 0o777:o}: not yours alone to write")
+        if not os.path.lexists(path):
+            _make_secret(folder, path)
+        found = read_regular(path, _SECRET_BYTES)
+        if len(found) != _SECRET_BYTES:
+            raise ValueError(f"it holds {len(found)} bytes, not {_SECRET_BYTES}")
+        return found
+    except (OSError, ValueError) as error:
+        if quiet and isinstance(error, OSError):
+            raise  # the cache cannot be written: `store` says so
+        if not quiet:
+            LOG.warning("mergekit-ram: not using the statistics cache %s: %s", path, error)
+        return None
+
+
+def _make_secret(folder: Path, path: Path) -> None:
+    """A new random secret at `path`, unless another process made one first."""
+    tmp = folder / f".{SECRET}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(_SECRET_BYTES))
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(FileExistsError):  # another merge made one meanwhile: that one is kept
+            os.link(tmp, path)  # atomic: the secret appears whole
+    finally:
+        os.unlink(tmp)
+
+
+def _mac(key_: bytes, digest: str, agents: list, tensors: list) -> str:
+    blob = json.dumps({"key": digest, "agents": agents, "tensors": tensors}, sort_keys=True)
+    return hmac.new(key_, blob.encode(), hashlib.sha256).hexdigest()
 
 
 def _safetensors_header_hash(path: str) -> str:
@@ -159,11 +238,6 @@ def _sample_hash(path: str, size: int, windows: int = 16, width: int = 1 << 16) 
             f.seek(max(0, (size - width) * i // max(1, windows - 1)))
             digest.update(f.read(width))
     return digest.hexdigest()
-
-
-def _checksum(agents: list, tensors: list) -> str:
-    blob = json.dumps({"agents": agents, "tensors": tensors}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _validate(agents: Any, tensors: Iterable) -> None:

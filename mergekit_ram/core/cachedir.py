@@ -5,8 +5,8 @@ empty, any case) turns the statistics cache off, and the compiled kernel then st
 root: `$XDG_CACHE_HOME/mergekit-ram`, or `~/.cache/mergekit-ram` without XDG_CACHE_HOME.
 
 `read_only()`: while inside (in this thread or task), nothing is written under the root: the statistics
-cache is read, not stored into, and the compiled kernel is loaded if it is already built, never built
-(`mergekit-ram verify`, which writes nothing).
+cache is neither read (it is a hint for merges, never evidence) nor stored into, and the compiled kernel is
+loaded if it is already built, never built (`mergekit-ram verify`, which writes nothing).
 
 A leaf: imports nothing of the package, so `cache` and `native` both ask it.
 """

@@ -19,7 +19,7 @@ import os
 import stat
 from typing import Any
 
-from mergekit_ram.errors import Unreadable
+from mergekit_ram.errors import Unreadable, yaml_said
 
 #: what verify reads of a metadata file at most (ram_stats.json of a large model is a few MB)
 JSON_LIMIT = 256 << 20
@@ -127,9 +127,7 @@ def read_yaml(folder: str, name: str, limit: int = TEXT_LIMIT) -> Any:
     except (UnicodeDecodeError, RecursionError) as error:
         raise Unreadable(f"{path} is not YAML verify can read ({type(error).__name__})") from error
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise Unreadable(f"{path} is not valid YAML{where}") from error
+        raise Unreadable(f"{path} is {yaml_said(error) or 'not valid YAML'}") from error
 
 
 def _check_depth(path: str, data: bytes, opening: bytes, closing: bytes) -> None:

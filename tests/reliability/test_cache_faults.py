@@ -120,7 +120,8 @@ def test_full_disk_while_writing_an_entry(rel, qwen_bf16, run_yaml, cache_dir, c
     assert hit, "the fault was not injected"
     message = next(m for m in _warnings(caplog) if "could not write the statistics cache" in m)
     rel.names(message, cache_dir, "No space left on device")
-    assert [p.name for p in cache_dir.iterdir() if p.is_file()] == [], "a partial entry or temp file was left"
+    left = [p.name for p in cache_dir.iterdir() if p.is_file() and p.name != "secret.key"]  # the key: 32 bytes, whole
+    assert left == [], "a partial entry or temp file was left"
     assert json.loads((run.out / "ram_stats.json").read_text())["statistics"] == "computed"
     rel.matches_reference(run.tensors, *inputs(qwen_bf16.path("base"), agents))
 
@@ -202,3 +203,113 @@ def test_shard_in_a_sub_folder_rewritten_in_place(rel, qwen_bf16, run_yaml, cach
     for f in sorted((agent / "weights").glob("*.safetensors")):
         rewritten.update(load_file(str(f)))
     rel.matches_reference(after.tensors, base, {str(agent): rewritten, **sds})
+
+
+# ---------------------------------------------------------------- the cache is a hint, never evidence
+
+
+def _forge(entry_path, agent: str, *, signed: bool) -> None:
+    """An entry edited by hand: `agent`'s unique counts set to 0, its unkeyed checksum recomputed (as format 3
+    kept one), and its authentication code too where the editor holds the folder's secret (the user themself)."""
+    import hashlib
+    import hmac
+
+    from mergekit_ram.core import cache
+
+    entry = json.loads(entry_path.read_text())
+    for t in entry["tensors"]:
+        t["counts"][agent] = [t["counts"][agent][0], 0, t["counts"][agent][2]]
+    blob = json.dumps({"agents": entry["agents"], "tensors": entry["tensors"]}, sort_keys=True)
+    entry["checksum"] = hashlib.sha256(blob.encode()).hexdigest()
+    key = getattr(cache, "secret", lambda _folder: None)(entry_path.parent) if signed else None
+    if key is not None:
+        signed = json.dumps({"key": entry["key"], "agents": entry["agents"], "tensors": entry["tensors"]}, sort_keys=True)
+        entry["mac"] = hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()
+    entry_path.write_text(json.dumps(entry))
+
+
+@pytest.mark.quick
+def test_an_entry_edited_with_its_checksum_recomputed_is_recounted_with_one_warning(
+    rel, qwen_bf16, run_yaml, cache_dir, caplog
+):
+    text, agents, entry = _cold(run_yaml, qwen_bf16, cache_dir)
+    rel.watch(*qwen_bf16.paths.values())
+    _forge(entry, str(agents[0]), signed=False)  # another's edit, or malware's: without the secret
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    run = run_yaml(text)
+    warnings = [m for m in _warnings(caplog) if "statistics cache" in m]
+    assert run.count_calls > 0, "an edited entry was trusted"
+    assert len(warnings) == 1, warnings
+    rel.names(warnings[0], entry, "keyed checksum")
+    rel.matches_reference(run.tensors, *inputs(qwen_bf16.path("base"), agents))
+
+
+def test_verify_never_takes_a_cache_entrys_word(rel, qwen_bf16, run_yaml, cache_dir, capsys, tmp_path):
+    """A merge made with an entry its user edited (keyed with their own secret: the one edit the key cannot tell)
+    is no reference merge, and verify, on the same machine with the same cache, says it differs: it counts
+    again, reading no entry."""
+    from mergekit_ram import cli
+
+    text, agents, entry = _cold(run_yaml, qwen_bf16, cache_dir)
+    _forge(entry, str(agents[0]), signed=True)
+    poisoned = run_yaml(text, out=tmp_path / "poisoned")
+    assert poisoned.count_calls == 0  # the merge believed the entry
+    rel.watch(poisoned.out, *qwen_bf16.paths.values())
+    capsys.readouterr()
+    code = cli.main(["verify", str(poisoned.out), "-q"])
+    out = capsys.readouterr().out
+    assert code == 1 and f"{poisoned.out}: bit-identical" not in out, out
+    rel.names(out.splitlines()[0], poisoned.out, "NOT identical")
+
+
+def test_a_fifo_at_an_entrys_name_hangs_neither_merge_nor_verify(rel, qwen_bf16, run_yaml, cache_dir, caplog, capsys):
+    """Opened without blocking and read only once seen to be a regular file: a warning, and a recount."""
+    import threading
+
+    from mergekit_ram import cli
+
+    text, agents, entry = _cold(run_yaml, qwen_bf16, cache_dir)
+    entry.unlink()
+    os.mkfifo(entry)
+    rel.watch(*qwen_bf16.paths.values())
+    unblocked = []
+
+    def unblock():  # a guard: a reader blocked on the FIFO gets its end of file, and the test fails
+        try:
+            fd = os.open(entry, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return  # no reader waiting
+        unblocked.append(1)
+        os.close(fd)
+
+    guard = threading.Timer(120, unblock)
+    guard.start()
+    try:
+        caplog.set_level(logging.WARNING, logger=LOGGER)
+        run = run_yaml(text)
+        capsys.readouterr()
+        code = cli.main(["verify", str(run.out), "-q"])
+        out = capsys.readouterr().out
+    finally:
+        guard.cancel()
+    assert not unblocked, "a read of the FIFO blocked"
+    assert code == 0 and "bit-identical" in out, out
+    assert run.count_calls > 0
+    rel.names(next(m for m in _warnings(caplog) if str(entry) in m), entry, "not a regular file")
+    rel.matches_reference(run.tensors, *inputs(qwen_bf16.path("base"), agents))
+
+
+@pytest.mark.parametrize("how", ["secret-others-may-read", "folder-others-may-write"])
+def test_a_secret_or_folder_others_may_reach_is_not_used(rel, qwen_bf16, run_yaml, cache_dir, caplog, how):
+    text, agents, entry = _cold(run_yaml, qwen_bf16, cache_dir)
+    secret = cache_dir / "secret.key"
+    assert secret.is_file() and secret.stat().st_mode & 0o777 == 0o600
+    target, mode = (secret, 0o644) if how == "secret-others-may-read" else (cache_dir, 0o777)
+    target.chmod(mode)
+    rel.watch(*qwen_bf16.paths.values())
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    run = run_yaml(text)
+    warnings = _warnings(caplog)
+    assert run.count_calls > 0 and len(warnings) == 1, warnings
+    rel.names(warnings[0], "not using the statistics cache", f"{mode:o}")
+    rel.matches_reference(run.tensors, *inputs(qwen_bf16.path("base"), agents))

@@ -424,3 +424,47 @@ def test_a_missing_input_file_of_mergekit_pytorch_names_the_nearest(rel, flat_ml
     done = _cli("mergekit-pytorch", config, tmp_path / "out", cwd=tmp_path)
     _one_line(rel, done, f"input file {typo} does not exist; did you mean {flat_mlp.path('A')}?")
     no_weights(tmp_path / "out")
+
+
+@pytest.mark.parametrize("command", ["mergekit-yaml", "mergekit-pytorch", "mergekit-multi", "inspect", "verify"])
+def test_a_config_holding_a_tab_is_one_line_with_its_line_and_column(rel, qwen_bf16, run_yaml, tmp_path, command):
+    """YAML errors in every command's config: one line giving the line and column, never a traceback."""
+    text = config_yaml(qwen_bf16.path("base"), [qwen_bf16.path("A"), qwen_bf16.path("B")])
+    lines = text.splitlines()
+    lines[2] = "\t" + lines[2]  # a tab YAML cannot start a token with
+    bad = "\n".join(lines) + "\n"
+    config = tmp_path / "config.yml"
+    config.write_text(bad, encoding="utf-8")
+    rel.watch(*qwen_bf16.paths.values())
+    if command == "verify":  # a merge folder whose mergekit_config.yml holds the tab
+        folder = run_yaml(text, out=tmp_path / "merged").out
+        (folder / "mergekit_config.yml").write_text(bad, encoding="utf-8")
+    argv = {
+        "mergekit-yaml": [console_script("mergekit-yaml"), str(config), str(tmp_path / "out")],
+        "mergekit-pytorch": [console_script("mergekit-pytorch"), str(config), str(tmp_path / "out")],
+        "mergekit-multi": [console_script("mergekit-multi"), str(config), "--intermediate-dir", str(tmp_path / "i")],
+        "inspect": [console_script("mergekit-ram"), "inspect", str(config)],
+        "verify": [console_script("mergekit-ram"), "verify", str(tmp_path / "merged")],
+    }[command]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+    assert done.returncode != 0 and "Traceback" not in done.stderr + done.stdout, done.stderr[-3000:]
+    said = (done.stdout + done.stderr).strip().splitlines()
+    line = next((x for x in said if "YAML" in x), said[-1] if said else "")
+    rel.names(line, "not valid YAML (line 3, column 1: found character '\\t'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_same_agent_listed_twice_through_a_symlink_is_named(rel, qwen_bf16, run_yaml, tmp_path, caplog):
+    """Identity by content, not by path: a link to an agent's folder is that agent again, and a warning names
+    both (each counts as an agent that agrees with the other on every change)."""
+    link = tmp_path / "A-again"
+    link.symlink_to(qwen_bf16.paths["A"], target_is_directory=True)
+    agents = [qwen_bf16.path("A"), str(link), qwen_bf16.path("B")]
+    rel.watch(*qwen_bf16.paths.values())
+    caplog.set_level(logging.WARNING, logger="mergekit_ram")
+    run = run_yaml(config_yaml(qwen_bf16.path("base"), agents))
+    said = [r.getMessage() for r in caplog.records if "have the same content" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    rel.names(said[0], qwen_bf16.path("A"), link)
+    assert qwen_bf16.path("B") not in said[0]
+    rel.matches_reference(run.tensors, *inputs(qwen_bf16.path("base"), agents))

@@ -299,3 +299,19 @@ def test_integer_buffer_that_differs_is_named_before_any_work(rel, flat_cnn, tmp
     info = _refused(rel, flat_config_text(flat_cnn, AGENTS, fmt="pt", dtype="float32", paths=paths), out)
     rel.names(info, "bn.num_batches_tracked", paths["base"], paths["B"], "1000", "1200", "save the same value")
     assert not out.exists()
+
+
+def test_a_pickled_agent_stored_in_another_dtype_than_the_base_warns_as_mergekit_yaml_does(rel, flat_mlp, tmp_path, caplog):
+    """A PyTorch pickle has no header to read its dtype from: it is loaded on the meta device (no data read), and
+    warned about as a safetensors input is."""
+    import logging
+
+    paths = _copy(flat_mlp, tmp_path / "in")
+    other = tmp_path / "in" / "A-float32.pt"  # the base: bfloat16
+    torch.save({k: (v.float() if v.is_floating_point() else v) for k, v in flat_mlp.stored("A").items()}, other)
+    rel.watch(tmp_path / "in")
+    caplog.set_level(logging.WARNING, logger="mergekit_ram")
+    run_flat(flat_config_text(flat_mlp, AGENTS, paths={**paths, "A": str(other)}), tmp_path / "out")
+    said = [r.getMessage() for r in caplog.records if "stored in a different dtype than the base" in r.getMessage()]
+    assert len(said) == 1, said
+    rel.names(said[0], other, "BF16")

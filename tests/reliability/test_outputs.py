@@ -23,7 +23,7 @@ import pytest
 import reference as R
 import torch
 import yaml
-from helpers import config_yaml, finished, inputs, rows_by_model
+from helpers import config_yaml, finished, inputs, rows_by_model, tree
 
 WEIGHTS = (".safetensors", ".bin", ".index.json")
 
@@ -194,3 +194,88 @@ def test_tied_embeddings_with_a_stored_lm_head_copy_are_counted_once(rel, llama_
     card = (run.out / "README.md").read_text()
     rel.names(card, "counted once", f"`{head}` (tied to `model.embed_tokens.weight`)")
     rel.matches_reference(run.tensors, base, sds, rho={k: s.rho for k, s in ref.items()})
+
+
+# ---------------------------------------------------------------- outputs the merge must not write to
+
+
+def test_an_output_inside_the_hub_cache_is_refused_naming_where_it_resolved(rel, qwen_bf16, tmp_path):
+    """A hub id's snapshot (its files links into blobs every revision shares), a folder inside it, or any folder
+    of the Hub cache: `mergekit-yaml` refuses it in one line naming where it resolved to, before writing."""
+    import shutil
+    import subprocess
+
+    from helpers import console_script
+    from hub_stub import HubStub, hub_env
+
+    home = tmp_path / "home"
+    config = tmp_path / "ramplus.yml"
+    config.write_text(config_yaml(qwen_bf16.path("base"), ["org/agent", qwen_bf16.path("B")]), encoding="utf-8")
+    rel.watch(*qwen_bf16.paths.values())
+    with HubStub({"org/agent": [qwen_bf16.paths["A"]]}, lifetime=900) as stub:
+        snapshot = home / "hub" / "models--org--agent" / "snapshots" / stub.shas["org/agent"][0]
+        env = hub_env(stub.url, home)
+
+        def merge(out):
+            return subprocess.run(
+                [console_script("mergekit-yaml"), str(config), str(out), "--no-copy-tokenizer", "--quiet"],
+                capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path),
+            )  # fmt: skip
+
+        first = merge(tmp_path / "fine")  # fills the cache: the snapshot exists
+        assert first.returncode == 0, first.stderr[-3000:]
+        served = (qwen_bf16.paths["A"] / "model.safetensors").read_bytes()
+        link = tmp_path / "link-to-snapshot"
+        link.symlink_to(snapshot)
+        for out, named in [
+            (snapshot, f"(the snapshot of org/agent at {snapshot.name})"),
+            (link / "sub", f"resolves to {snapshot / 'sub'}"),
+            (home / "hub" / "mine", f"inside the Hugging Face Hub cache {home / 'hub'}"),
+        ]:
+            done = merge(out)
+            assert done.returncode != 0, done.stderr[-3000:]
+            assert "Traceback" not in done.stderr, done.stderr[-3000:]
+            line = done.stderr.strip().splitlines()[-1]
+            assert line.startswith("mergekit-yaml: error: output folder "), done.stderr[-3000:]
+            rel.names(line, out, named, "Choose another output folder")
+            assert not (snapshot / "ram_stats.json").exists() and not (snapshot / "sub").exists()
+            assert (snapshot / "model.safetensors").read_bytes() == served
+            assert not (home / "hub" / "mine").exists()
+        shutil.rmtree(tmp_path / "fine")
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A tmpfs mounted at a folder, to be remounted read-only (root, and a kernel that lets it, or the case skips)."""
+    import subprocess
+
+    folder = tmp_path / "mounted"
+    folder.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(folder)],
+                                           capture_output=True).returncode != 0:  # fmt: skip
+        pytest.skip("mounting a file system needs root and a kernel that allows it")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def test_a_re_merge_on_a_read_only_file_system_is_one_line_before_the_merge(
+    rel, qwen_bf16, run_yaml, read_only_folder, monkeypatch
+):
+    import subprocess
+
+    from mergekit_ram._mergekit import pipeline
+
+    agents = [qwen_bf16.path("A"), qwen_bf16.path("B")]
+    text = config_yaml(qwen_bf16.path("base"), agents)
+    out = read_only_folder / "o"
+    run_yaml(text, out=out)
+    subprocess.run(["mount", "-o", "remount,ro", str(read_only_folder)], check=True, capture_output=True)
+    rel.watch(*qwen_bf16.paths.values())
+    before = tree([out])
+    counted = []
+    monkeypatch.setattr(pipeline, "prepare", lambda *a, **k: counted.append(1))  # the merge must not start
+    with pytest.raises(Exception) as error:
+        run_yaml(text, out=out)
+    rel.names(error, out, "read-only file system")
+    assert not counted, "the merge started before the output folder was found read-only"
+    assert tree([out]) == before

@@ -16,13 +16,18 @@ bit-identical. In every case verify writes nothing into the folder or an input.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import models
 import pytest
 import torch
-from helpers import config_yaml, forbid_count
+from helpers import config_yaml, console_script, forbid_count, tree
+from hub_stub import HubStub, hub_env
 
 
 def _verify(capsys, out, *flags) -> tuple[int, str, str]:
@@ -140,7 +145,7 @@ def test_a_merge_without_the_card_has_no_config_to_run(rel, qwen_bf16, run_yaml,
 @pytest.mark.parametrize(
     "content, named",
     [
-        ("merge_method: [unclosed\n", "is not valid YAML (line 2, column 1)"),
+        ("merge_method: [unclosed\n", "is not valid YAML (line 2, column 1: "),
         ("just: text\n", "is not a mergekit config mergekit can read"),
         (None, "r"),  # an invalid parameter: the config's checks name it
     ],
@@ -179,6 +184,111 @@ def test_a_damaged_published_weight_file_is_named(rel, merged_ab, qwen_bf16, cap
     code, out, _ = _verify(capsys, merged_ab)
     assert code == 3
     rel.names(_cannot_check(out, merged_ab), f"the weights in {merged_ab} cannot be read: {path}: ")
+
+
+# ---------------------------------------------------------------- a Hub that lies: exit 3, nothing written outside
+
+
+CRAFTED = "../../../../../escaped"  # from the Hub cache's snapshots folder: out of HF_HOME, beside it
+
+
+class HostileHub(HubStub):
+    """The suite's stand-in Hub serving `org/merged` at two commits (a: another merge's files, b: main), made to
+    lie one way (`how`)."""
+
+    def __init__(self, repos, how: str):
+        self.how, self.release = how, threading.Event()
+        super().__init__(repos, lifetime=900)
+        self.a, self.b = self.shas["org/merged"]
+
+    def close(self) -> None:
+        self.release.set()  # a stalled answer ends
+        super().close()
+
+    def _commit(self, repo_id, revision):
+        repo, sha = super()._commit(repo_id, revision)
+        if self.how == "pinned-answered-by-another" and sha == self.a:
+            return repo, self.b  # asked for commit a, it answers with b
+        if self.how == "crafted-commit" and repo is not None and sha is None:
+            return repo, repo.main  # answers whatever revision it is asked for (its own crafted one too)
+        return repo, sha
+
+    def _file(self, handler, repo_id, revision, filename, body):
+        if self.how == "files-of-another-commit" and revision in ("main", self.b):
+            revision = self.a  # the listing says b, every file comes from a
+        return super()._file(handler, repo_id, revision, filename, body)
+
+    def _json(self, handler, data, headers, body):
+        if self.how == "listing-and-tree-disagree" and isinstance(data, list):
+            data = [entry for entry in data if entry["path"] != "ram_stats.json"]  # the listing names it
+        if self.how == "crafted-commit" and isinstance(data, dict):
+            data = {**data, "sha": CRAFTED}
+        return super()._json(handler, data, headers, body)
+
+    def _send(self, handler, status, data, headers, body, content_type="text/plain"):
+        path = handler.path.split("?")[0]
+        if self.how == "crafted-commit" and "X-Repo-Commit" in headers:
+            headers = {**headers, "X-Repo-Commit": CRAFTED}
+        metadata = path.startswith("/api/models/") and "/tree/" not in path
+        if body and status == 200 and self.how == {True: "stall-in-metadata", False: "stall-in-the-tree"}.get(
+            metadata if path.startswith("/api/") else None
+        ):
+            with self._lock:
+                self.requests.append((handler.command, handler.path, status))
+            handler.send_response(status)
+            handler.send_header("Content-Type", content_type)
+            handler.send_header("Content-Length", str(len(data)))
+            handler.end_headers()
+            handler.wfile.write(data[: len(data) // 2])
+            handler.wfile.flush()
+            self.release.wait(900)  # stops answering mid-answer
+            return
+        return super()._send(handler, status, data, headers, body, content_type)
+
+
+LIES = {
+    # how: (what verify is asked, words of its one line: {a}, {b} the two commits)
+    "crafted-commit": ("org/merged", [repr(CRAFTED), "not 40 hex digits"]),
+    "pinned-answered-by-another": ("org/merged@{a}", ["commit {b}", "not the commit {a}"]),
+    "files-of-another-commit": ("org/merged", ["commit {a}", "not the commit {b}"]),
+    "listing-and-tree-disagree": ("org/merged", ["answers disagree", "commit {b}", "ram_stats.json"]),
+    "stall-in-metadata": ("org/merged", ["could not be asked", "Timeout"]),
+    "stall-in-the-tree": ("org/merged", ["could not be asked", "Timeout"]),
+}
+
+
+@pytest.mark.parametrize("how", list(LIES))
+def test_a_hub_that_lies_is_cannot_check_in_one_line(rel, merged_ab, qwen_bf16, tmp_path, how):
+    """`mergekit-ram verify ORG/NAME` believes only what it checks: a commit id that is no commit, a pinned commit
+    answered by another, files of another commit, a listing its tree contradicts, an answer that stops midway:
+    exit 3 in one line naming the commits, within the bounds huggingface_hub's timeouts set (2 s here), and
+    nothing written outside HF_HOME."""
+    other = Path(shutil.copytree(merged_ab, tmp_path / "other"))
+    (other / "README.md").write_text("another merge's card\n", encoding="utf-8")
+    root = tmp_path / "root"  # HF_HOME's parent: nothing may appear here but HF_HOME
+    (root / "cwd").mkdir(parents=True)
+    home = root / "home"
+    rel.watch(merged_ab, other, *qwen_bf16.paths.values())
+    before = tree([tmp_path])
+    with HostileHub({"org/merged": [other, merged_ab]}, how) as stub:
+        env = {**hub_env(stub.url, home), "HF_HUB_ETAG_TIMEOUT": "2", "HF_HUB_DOWNLOAD_TIMEOUT": "2"}
+        asked, words = LIES[how]
+        started = time.monotonic()
+        done = subprocess.run(
+            [console_script("mergekit-ram"), "verify", asked.format(a=stub.a, b=stub.b), "-q"],
+            capture_output=True, text=True, timeout=300, env=env, cwd=str(root / "cwd"),
+        )  # fmt: skip
+        took = time.monotonic() - started
+        commits = {"a": stub.a, "b": stub.b}
+    assert done.returncode == 3, (took, done.stdout[-3000:] + done.stderr[-3000:])
+    assert done.stdout == "" and "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("mergekit-ram verify: cannot check: org/merged@"), done.stderr[-3000:]
+    rel.names(line, *(w.format(**commits) for w in words))
+    after = tree([tmp_path])
+    outside = sorted(p for p in set(after) ^ set(before) if not p.startswith(str(home)) and p != str(root))
+    assert outside == [], outside  # nothing written outside HF_HOME
+    assert not (tmp_path / "escaped").exists() and not list(tmp_path.glob("escaped*"))
 
 
 # ---------------------------------------------------------------- no false alarm across mergekit's options
