@@ -280,7 +280,8 @@ def _verify(
     try:
         if on_hub is not None:  # before torch and mergekit load: a repository the Hub lacks is one line at once
             cache = merge.get("transformers_cache")
-            published = hub.fetch(*on_hub, cache_dir=cache, quiet=bool(merge.get("quiet")))
+            quiet = bool(merge.get("quiet"))  # with --sample, the weights are read by ranges (`ranged`), not fetched
+            published = hub.fetch(*on_hub, cache_dir=cache, quiet=quiet, weights=sample is None)
         from mergekit_ram._mergekit import options as merge_options
         from mergekit_ram._mergekit import verification
 

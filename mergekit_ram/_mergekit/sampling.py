@@ -14,6 +14,7 @@ element count is its base input's (the header of what the plan reads), else the 
 from __future__ import annotations
 
 import os
+from collections.abc import Container
 from typing import Any
 
 from mergekit_ram import files
@@ -145,10 +146,12 @@ def recount(plan: tasks.Plan, drawn: sample.Sample, recorded: dict, labels: dict
     return out
 
 
-def bytes_read(plan: tasks.Plan, folder: str, index: dict[str, str], drawn: sample.Sample, seen: dict) -> int:
-    """Bytes of weight files a sample reads, each byte once: every safetensors header of the folder and the inputs,
-    the inputs' identity samples (`cache`), and the drawn tensors' bytes in the folder and in the inputs they are
-    computed from; a weight file that is not safetensors (a pickle), whole."""
+def needed(
+    plan: tasks.Plan, folder: str, index: dict[str, str], drawn: sample.Sample, seen: dict
+) -> dict[str, set[tuple[int, int]]]:
+    """The spans of weight files a sample reads (file -> (start, stop)): every safetensors header of the folder and
+    the inputs, the inputs' identity samples (`cache`), and the drawn tensors' bytes in the folder and in the inputs
+    they are computed from; a weight file that is not safetensors (a pickle), whole."""
     ranges: dict[str, set[tuple[int, int]]] = {}
     headers: dict[str, tuple[int, dict]] = {}
 
@@ -185,7 +188,12 @@ def bytes_read(plan: tasks.Plan, folder: str, index: dict[str, str], drawn: samp
             continue
         for path, tensor in found.values():
             add(path, tensor)
-    return sum(_covered(spans) for spans in ranges.values())
+    return ranges
+
+
+def bytes_read(spans: dict[str, set[tuple[int, int]]], elsewhere: Container[str] = ()) -> int:
+    """The bytes `spans` (`needed`) cover, each once, but in the files `elsewhere` counts (fetched by ranges)."""
+    return sum(_covered(found) for path, found in spans.items() if path not in elsewhere)
 
 
 def _identity_files(identity: dict) -> list[tuple[str, int]]:

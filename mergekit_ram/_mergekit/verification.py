@@ -27,6 +27,7 @@ kernel is built. The judging is `record_checks`' and `verdict`'s, on plain data;
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,7 +39,7 @@ from mergekit_ram.errors import InputError
 from mergekit_ram.method import NAME, refuse_foreign
 from mergekit_ram.reporting import report
 from mergekit_ram.session import Mode, active
-from mergekit_ram.verify import bitwise, hub, input_copies, record_checks, verdict
+from mergekit_ram.verify import bitwise, hub, input_copies, ranged, record_checks, verdict
 
 
 def verify(
@@ -77,9 +78,15 @@ def verify(
     copies = input_copies.local_copies(recorded, inputs, parents=inputs_from, folder=input_dir)
     outcome.entry_point = record.get("entry_point")
     outcome.notes += record_checks.version_notes(recorded, report.installed_versions(), report.installed_from())
-    with cachedir.read_only():  # nothing written: no statistics cache entry, no kernel build
-        try:
-            _verify(folder, recorded, record, options, trust_remote_code, copies, outcome, sample)
+    with cachedir.read_only(), tempfile.TemporaryDirectory(prefix="mergekit-ram-sample-") as root:
+        try:  # nothing written: no statistics cache entry, no kernel build; a sample's stand-ins go in `root`
+            mirror = None if sample is None else ranged.Mirror(root)
+            if mirror is not None:  # the Hub's files read by ranges (`ranged`)
+                rows = [(row.model, row.identity) for row in record_checks.recorded_inputs(recorded)]
+                copies |= ranged.input_stand_ins(mirror, rows, copies, options.transformers_cache)
+                if published is not None and published.weights:
+                    folder = ranged.published_stand_in(mirror, published)
+            _verify(folder, recorded, record, options, trust_remote_code, copies, outcome, sample, mirror)
         except errors.CANNOT_CHECK as error:
             outcome.error = errors.said(error)
         except MemoryError as error:  # an address-space limit (ulimit -v) below what mapping a file needs
@@ -101,6 +108,7 @@ def _verify(
     copies: dict[str, str],
     outcome: Any,
     sample: tuple[float, int] | None = None,
+    mirror: ranged.Mirror | None = None,
 ) -> None:
     refused = published.refusal(folder)  # before anything opens a file of the folder
     if refused is not None:
@@ -113,14 +121,20 @@ def _verify(
         return
     config_checks.check_devices(options)
     loading.install()
-    _run_again(door.of_record(folder, recorded, record, options, copies), folder, recorded, outcome, sample)
+    _run_again(door.of_record(folder, recorded, record, options, copies), folder, recorded, outcome, sample, mirror)
 
 
 def _run_again(
-    through: door.Door, folder: str, recorded: dict, outcome: Any, sample: tuple[float, int] | None = None
+    through: door.Door,
+    folder: str,
+    recorded: dict,
+    outcome: Any,
+    sample: tuple[float, int] | None = None,
+    mirror: ranged.Mirror | None = None,
 ) -> None:
     """The merge run again through its door, each tensor compared where mergekit would save it (`sample`: the
-    drawn ones, `sampling`); then the files beside the weights."""
+    drawn ones, `sampling`, their bytes fetched into `mirror`'s stand-ins first); then the files beside the
+    weights."""
     surface.forget_loaders([rerun.reference(folder)])  # read as the files are now
     index = rerun.published_index(folder)
     names = record_checks.recorded_labels(recorded, through.labels)
@@ -151,14 +165,21 @@ def _run_again(
         found = record_checks.as_recorded({**current.report, "merge": recorded.get("merge")}, through.labels)
         outcome.statistics = current.source
         outcome.parameters = record_checks.rho_mismatches(recorded, found)
-        saves = plan.saves()
+        saves, spans = plan.saves(), {}
         if sample is not None:
             outcome.sample = sampling.draw(plan, folder, index, *sample)
+            spans = sampling.needed(plan, folder, index, outcome.sample, seen)
+            if mirror is not None:
+                mirror.fill_all(spans)  # the drawn tensors' bytes, before anything reads them
             saves = _sampled(plan, saves, index, recorded, names, current.stats, outcome)
         targets = [rerun.compare_task(folder, *save) for save in saves]
         rerun.run(targets, index, folder, through.options, outcome, [save[0] for save in plan.saves()])
-        if sample is not None:
-            outcome.sample.bytes_read += sampling.bytes_read(plan, folder, index, outcome.sample, seen)
+        if outcome.sample is not None:
+            remote = mirror.remote if mirror is not None else {}
+            outcome.sample.bytes_read = sampling.bytes_read(spans, remote)
+            if mirror is not None:
+                outcome.sample.bytes_read += mirror.reader.received
+                outcome.sample.more_than_needed += mirror.reader.more_than_needed
     published.check(folder, recorded, found, outcome, **through.published(plan))
 
 
