@@ -1,6 +1,6 @@
 """What `mergekit-ram verify --sample P` reads and costs beside a full verify, from a stand-in Hub and a folder.
 
-    python benchmarks/verify_sample.py --workload W1 --share 0.02 [--seed 1] [--root DIR] [--scratch DIR] [--out F]
+    python benchmarks/verify_sample.py --workload W1 --share 0.02 [--seeds 1,2,3] [--root DIR] [--scratch DIR] [--out F]
 
 On one workload (workloads.py), every input is published on the suite's stand-in Hub (tests/hub_stub.py, on
 127.0.0.1, serving ranges as the Hub does) and merged by `mergekit-yaml` as hub ids (`org/base`, `org/agent-N`);
@@ -8,8 +8,8 @@ the merge is published there as `org/merged`. Then, each a whole process timed b
 a fresh Hub cache and the statistics cache off:
 
 - `verify org/merged` (full: it downloads the merge and its inputs whole, and recomputes every tensor);
-- `verify org/merged --sample P --sample-seed S` (ranges only);
-- `verify FOLDER --sample P` of the merged folder on disk, its inputs the Hub's (what it reads: `bytes_read`).
+- per seed S, `verify org/merged --sample P --sample-seed S` (ranges only), and `verify FOLDER --sample P` of the
+  merged folder on disk, its inputs the Hub's (what it reads: `bytes_read`).
 
 Bytes are what the stand-in sent (bodies of GETs, every file) and, for weight files, what `--json`'s `bytes_read`
 says. Prints one line per run and writes them as JSON (`--out`). The machine's load is printed beside each run:
@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="W1")
     parser.add_argument("--share", default="0.02")
-    parser.add_argument("--seed", default="1")
+    parser.add_argument("--seeds", default="1,2,3", help="the sample's seeds, one run each (comma-separated)")
     parser.add_argument("--root", help="workload folder (workloads.py)")
     parser.add_argument("--scratch", help="where the merge and the Hub caches go (default: a temporary folder)")
     parser.add_argument("--out", help="write the runs here as JSON")
@@ -63,17 +63,18 @@ def main(argv=None) -> None:
     served = {**{repo: [folder] for repo, folder in inputs.items()}, "org/merged": [out]}
     with HubStub(served, lifetime=24 * 3600) as stub:
         quiet = ["--json", "-q"]
-        sample = ["--sample", args.share, "--sample-seed", args.seed]
         rows.append(_run("verify org/merged", [MERGEKIT_RAM, "verify", "org/merged", *quiet], stub,
                          scratch / "hf-full", cwd))  # fmt: skip
-        rows.append(_run(f"verify org/merged --sample {args.share}", [MERGEKIT_RAM, "verify", "org/merged", *sample,
-                         *quiet], stub, scratch / "hf-sample", cwd))  # fmt: skip
-        rows.append(_run(f"verify FOLDER --sample {args.share}", [MERGEKIT_RAM, "verify", str(out), *sample, *quiet],
-                         stub, scratch / "hf-folder", cwd))  # fmt: skip
+        for seed in args.seeds.split(","):
+            sample = ["--sample", args.share, "--sample-seed", seed]
+            rows.append(_run(f"verify org/merged --sample {args.share} ({seed})", [MERGEKIT_RAM, "verify",
+                             "org/merged", *sample, *quiet], stub, scratch / f"hf-sample-{seed}", cwd))  # fmt: skip
+            rows.append(_run(f"verify FOLDER --sample {args.share} ({seed})", [MERGEKIT_RAM, "verify", str(out),
+                             *sample, *quiet], stub, scratch / f"hf-folder-{seed}", cwd))  # fmt: skip
     weights = sum(p.stat().st_size for folder in [*inputs.values(), out] for p in Path(folder).glob("*.safetensors"))
     full = rows[1]
     print(f"{args.workload}: {marker['num_parameters'] / 1e6:.1f}M params per model, {len(wl.agents)} agents, "
-          f"{weights / 1e9:.2f} GB of weight files (merge and inputs); share {args.share}, seed {args.seed}")
+          f"{weights / 1e9:.2f} GB of weight files (merge and inputs); share {args.share}, seeds {args.seeds}")
     for row in rows:
         ratio = ""
         if row["what"].startswith("verify"):
@@ -83,7 +84,7 @@ def main(argv=None) -> None:
         print(f"{row['what']:<36} exit {row['returncode']}  {row['wall_s']:8.1f} s  sent {row['sent'] / 1e6:10,.1f} MB "
               f"(weights {row['sent_weights'] / 1e6:,.1f} MB{read}), load {row['loadavg_1m']:.1f}{ratio}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"workload": args.workload, "share": args.share, "seed": args.seed,
+        Path(args.out).write_text(json.dumps({"workload": args.workload, "share": args.share, "seeds": args.seeds,
                                               "weights_bytes": weights, "runs": rows}, indent=2) + "\n")
 
 

@@ -256,3 +256,14 @@ def test_a_merge_without_counts_samples(qwen_bf16, merged, tmp_path, capsys):
     code, verdict, err = run(out, capsys, "--sample", "0.3", "--sample-seed", "2")
     assert code == 0 and verdict["sample"]["tensors_checked"] > 0, verdict["problems"]
     shutil.rmtree(out)
+
+
+def test_an_index_naming_an_absent_shard_is_named(llama_sharded, run_yaml, capsys, tmp_path):
+    made = run_yaml(config_text(llama_sharded, list("AB")), out_shard_size=4096)
+    out = tv.copy_of(made.out, tmp_path)
+    shards = sorted(out.glob("*.safetensors"))
+    assert len(shards) > 1
+    shards[-1].unlink()
+    code, verdict, _ = run(out, capsys, "--sample", "0.2", "--sample-seed", "1")
+    said = f"{shards[-1].name}: model.safetensors.index.json names it, the folder does not hold it"
+    assert code == 1 and said in verdict["problems"], verdict["problems"]

@@ -22,7 +22,7 @@ from mergekit_ram._mergekit import counting, tasks
 from mergekit_ram.core import cache, statistics
 from mergekit_ram.errors import Unreadable
 from mergekit_ram.method import resolves_to_ours
-from mergekit_ram.verify import published_checks, sample
+from mergekit_ram.verify import loader_files, published_checks, sample
 
 STATS = "ram_stats.json"
 
@@ -58,6 +58,18 @@ def _numel(shape: list[int] | None) -> int:
     for size in shape or [1]:
         count *= int(size)
     return count
+
+
+def absent_shards(folder: str) -> list[str]:
+    """One line per weight file an index of `folder` names that the folder does not hold (plain absence: no link,
+    nothing opened)."""
+    out = []
+    for choice in sorted(set(loader_files.loader_choices(folder).values())):
+        if choice.endswith(".index.json"):
+            names = loader_files.weight_files(folder, choice)
+            out += [f"{name}: {choice} names it, the folder does not hold it" for name in names
+                    if not os.path.lexists(os.path.join(folder, name))]  # fmt: skip
+    return out
 
 
 def recorded_statistics(

@@ -110,6 +110,10 @@ def _verify(
     sample: tuple[float, int] | None = None,
     mirror: ranged.Mirror | None = None,
 ) -> None:
+    absent = sampling.absent_shards(folder) if sample is not None else []
+    if absent:  # a sample names the folder's damage (a full verify cannot check it: exit 3)
+        outcome.files += absent
+        return
     refused = published.refusal(folder)  # before anything opens a file of the folder
     if refused is not None:
         outcome.cannot_check.append(refused)
