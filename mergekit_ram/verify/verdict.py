@@ -204,7 +204,7 @@ class Outcome:
             "tensors": [d.as_json() for d in sorted(self.differences, key=lambda d: d.name)],
             "cannot_check": self._blocked(),
             "checked": list(self.checked),
-            "not_checked": list(self.not_checked),
+            "not_checked": self.not_checked + (self._unsampled() if self.merged else []),
             "problems": self.problems(),
             "notes": list(self.notes),
         }
