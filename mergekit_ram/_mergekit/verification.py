@@ -20,12 +20,17 @@ own config):
    output shard is buffered). Tensors in the folder that the merge does not plan are named;
 4. the files beside the weights are checked against what the merge makes (`published`).
 
+With `--sample` (`sampling`), step 3 recomputes only the drawn tensors, with rho reduced from `ram_stats.json`'s
+per-tensor counts; inputs recorded as hub ids, and a merge fetched from the Hub, are read by ranges into sparse
+stand-ins in a temporary folder (`verify/ranged.py`), each drawn tensor's bytes fetched before anything reads them.
+
 Nothing is written (`cachedir.read_only`): not into the folder or an input, not into the statistics cache, no
 kernel is built. The judging is `record_checks`' and `verdict`'s, on plain data; this module plans, `rerun` runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Sequence
@@ -78,7 +83,8 @@ def verify(
     copies = input_copies.local_copies(recorded, inputs, parents=inputs_from, folder=input_dir)
     outcome.entry_point = record.get("entry_point")
     outcome.notes += record_checks.version_notes(recorded, report.installed_versions(), report.installed_from())
-    with cachedir.read_only(), tempfile.TemporaryDirectory(prefix="mergekit-ram-sample-") as root:
+    stand_ins = tempfile.TemporaryDirectory(prefix="mergekit-ram-sample-") if sample else contextlib.nullcontext("")
+    with cachedir.read_only(), stand_ins as root:
         try:  # nothing written: no statistics cache entry, no kernel build; a sample's stand-ins go in `root`
             mirror = None if sample is None else ranged.Mirror(root)
             if mirror is not None:  # the Hub's files read by ranges (`ranged`)
