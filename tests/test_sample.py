@@ -180,9 +180,11 @@ def test_a_missing_tensor_is_named_drawn_or_not(folder, capsys):
     draws = _draws(folder, capsys, range(4))
     name = "model.layers.0.input_layernorm.weight"
     seed = next(seed for seed, names in draws.items() if name not in names)
-    tv.rewrite(folder, lambda tensors: tensors.pop(name))
+    drawn = draws[seed][0]  # and one the same draw takes
+    tv.rewrite(folder, lambda tensors: [tensors.pop(name), tensors.pop(drawn)])
     code, verdict, _ = run(folder, capsys, "--sample", "0.2", "--sample-seed", str(seed))
     assert code == 1 and f"missing: {name}: planned by the merge, not in the folder" in verdict["problems"]
+    assert f"missing: {drawn}: planned by the merge, not in the folder" in verdict["problems"], verdict["problems"]
 
 
 def _edit_counts(out: Path, edit) -> None:
