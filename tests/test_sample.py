@@ -10,7 +10,7 @@ bit, reading only what they are computed from.
   missing from the folder is exit 1 whether drawn or not; ram_stats.json's counts: totals that are not the sums of
   the per-tensor counts are exit 1, and a per-tensor edit that keeps the sums is caught only when drawn;
 * bad input: `--sample 0|-0.1|1.5|abc`, `--sample-seed` without `--sample` or not an integer: exit 2, one line;
-* `--sample 1` is a full verify; the `mergekit-pytorch` door samples too.
+* `--sample 1` is a full verify; the `mergekit-pytorch` door and `mergekit-multi` stages sample too.
 """
 
 from __future__ import annotations
@@ -270,3 +270,21 @@ def test_an_index_naming_an_absent_shard_is_named(llama_sharded, run_yaml, capsy
     code, verdict, _ = run(out, capsys, "--sample", "0.2", "--sample-seed", "1")
     said = f"{shards[-1].name}: model.safetensors.index.json names it, the folder does not hold it"
     assert code == 1 and said in verdict["problems"], verdict["problems"]
+
+
+def test_mergekit_multi_stages_sample(qwen_bf16, tmp_path, capsys):
+    """Each stage of a `mergekit-multi` recipe (the second merges the first's folder) verifies by a sample."""
+    from mergekit.scripts.multimerge import main as multi
+
+    recipe = tmp_path / "recipe.yml"
+    recipe.write_text(
+        f"name: first\n{config_text(qwen_bf16, ['A', 'B'])}---\nname: second\nmerge_method: ramplus\n"
+        f"base_model: {qwen_bf16.path('base')}\nmodels:\n  - model: first\n  - model: {qwen_bf16.path('C')}\n"
+        "dtype: bfloat16\n",
+        encoding="utf-8",
+    )
+    inter = tmp_path / "stages"
+    multi([str(recipe), "--intermediate-dir", str(inter), "--no-copy-tokenizer", "--quiet"], standalone_mode=False)
+    for stage in ("first", "second"):
+        code, verdict, err = run(inter / stage, capsys, "--sample", "0.3", "--sample-seed", "5")
+        assert code == 0 and "no difference in a sample of" in verdict["headline"], verdict["problems"]
