@@ -274,17 +274,7 @@ def test_an_index_naming_an_absent_shard_is_named(llama_sharded, run_yaml, capsy
 
 def test_mergekit_multi_stages_sample(qwen_bf16, tmp_path, capsys):
     """Each stage of a `mergekit-multi` recipe (the second merges the first's folder) verifies by a sample."""
-    from mergekit.scripts.multimerge import main as multi
-
-    recipe = tmp_path / "recipe.yml"
-    recipe.write_text(
-        f"name: first\n{config_text(qwen_bf16, ['A', 'B'])}---\nname: second\nmerge_method: ramplus\n"
-        f"base_model: {qwen_bf16.path('base')}\nmodels:\n  - model: first\n  - model: {qwen_bf16.path('C')}\n"
-        "dtype: bfloat16\n",
-        encoding="utf-8",
-    )
-    inter = tmp_path / "stages"
-    multi([str(recipe), "--intermediate-dir", str(inter), "--no-copy-tokenizer", "--quiet"], standalone_mode=False)
+    inter = tv.multi_stages(qwen_bf16, tmp_path)
     for stage in ("first", "second"):
         code, verdict, err = run(inter / stage, capsys, "--sample", "0.3", "--sample-seed", "5")
         assert code == 0 and "no difference in a sample of" in verdict["headline"], verdict["problems"]
