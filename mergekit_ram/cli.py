@@ -227,6 +227,12 @@ def _verify_command() -> click.Command:
                   help="read each input with a copy in DIR named by its label (DIR/LABEL) from there")  # fmt: skip
     @click.option("--trust-remote-code", "trust", is_flag=True,
                   help="let the inputs' own code run where the merge's record says it ran")  # fmt: skip
+    @click.option("--sample", "share", metavar="P",
+                  help="check a sample: output tensors drawn by size until they hold at least P (in (0, 1]) of the "
+                  "weights, and only what they are computed from read; exit 0 then means no difference in the "
+                  "sample (docs/verify.md)")  # fmt: skip
+    @click.option("--sample-seed", "seed", metavar="N",
+                  help="the seed of --sample's draw (default: drawn from the operating system; printed)")  # fmt: skip
     # not those its folder's record fixes (`report.RECORDED_OPTIONS`: `--trust-remote-code` is verify's own flag,
     # the user's consent), nor those of writing a folder (`options.WRITES`)
     @options.declare(left_out=RECORDED_OPTIONS)
@@ -237,9 +243,14 @@ def _verify_command() -> click.Command:
         inputs_from: tuple[str, ...],
         input_dir: Path | None,
         trust: bool,
+        share: str | None,
+        seed: str | None,
         **merge: Any,
     ) -> None:
-        _verify(target, as_json, merge, trust=trust, inputs=inputs, inputs_from=inputs_from, input_dir=input_dir)
+        from mergekit_ram.verify import sample  # a bad value: ValueError, its one line (exit 2)
+
+        _verify(target, as_json, merge, trust=trust, inputs=inputs, inputs_from=inputs_from, input_dir=input_dir,
+                sample=sample.options(share, seed))  # fmt: skip
 
     return verify
 
@@ -253,6 +264,7 @@ def _verify(
     inputs_from: Sequence[str] = (),
     input_dir: Path | None = None,
     trust: bool = False,
+    sample: tuple[float, int] | None = None,
 ) -> None:
     """`merge`: mergekit's merge options, made a `MergeOptions` (torch, mergekit) after the usage checks. What
     the command line alone shows wrong is refused here, before the heavy imports: an `--input` or
@@ -273,7 +285,8 @@ def _verify(
     try:
         if on_hub is not None:  # before torch and mergekit load: a repository the Hub lacks is one line at once
             cache = merge.get("transformers_cache")
-            published = hub.fetch(*on_hub, cache_dir=cache, quiet=bool(merge.get("quiet")))
+            quiet = bool(merge.get("quiet"))  # with --sample, the weights are read by ranges (`ranged`), not fetched
+            published = hub.fetch(*on_hub, cache_dir=cache, quiet=quiet, weights=sample is None)
         from mergekit_ram._mergekit import options as merge_options
         from mergekit_ram._mergekit import verification
 
@@ -288,6 +301,7 @@ def _verify(
                 inputs_from=inputs_from,
                 input_dir=None if input_dir is None else str(input_dir),
                 published=published,
+                sample=sample,
             )
     except errors.NotVerifiable as error:
         raise _UsageError(str(error)) from error

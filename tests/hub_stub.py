@@ -21,7 +21,11 @@ hub id (found by reading their code and by logging requests; see `requests`):
   from `snapshot_download` and transformers): 200 with `X-Repo-Commit` (the commit),
   `ETag` (quoted: the git blob sha1, or the sha256 for a `.safetensors` file, which the hub
   stores in LFS; `X-Linked-Etag` and `X-Linked-Size` the same for those), `Content-Length`,
-  and the file's bytes for GET. No redirects, no ranges, no Xet headers (so no Xet transfer).
+  and the file's bytes for GET. No redirects, no Xet headers (so no Xet transfer). A GET with `Range: bytes=A-B`
+  (or `bytes=A-`) answers 206 with `Content-Range: bytes A-B/SIZE` and those bytes, as the hub does; a range past
+  the end, 416. `ranges` chooses a server that does otherwise: "ignore" (200, the whole file), "short" (one byte
+  fewer than the Content-Range says), "shifted" (the bytes one further on than the Content-Range says). `sent`
+  records (path, the Range asked or None, the bytes of the body) of every file's GET.
 
 A revision is `main` or a full commit hash of that repository. Anything else answers 404
 with the `X-Error-Code` the hub sends (`RepoNotFound`, `RevisionNotFound`,
@@ -36,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,7 +85,10 @@ class HubStub:
     `url` is the HF_ENDPOINT to give; `shas["org/name"]` the commit hashes, oldest first;
     `requests` the (method, path with query, status answered) of every request, in order."""
 
-    def __init__(self, repos: Mapping[str, Sequence[Path]], *, lifetime: float = 120.0):
+    def __init__(self, repos: Mapping[str, Sequence[Path]], *, lifetime: float = 120.0, ranges: str = "honour"):
+        assert ranges in ("honour", "ignore", "short", "shifted"), ranges
+        self.ranges = ranges
+        self.sent: list[tuple[str, str | None, int]] = []
         self.repos: dict[str, Repo] = {}
         self.shas: dict[str, list[str]] = {}
         for repo_id, folders in repos.items():
@@ -199,7 +207,22 @@ class HubStub:
         else:
             etag = blob.git_sha1
         headers["ETag"] = f'"{etag}"'
-        self._send(handler, 200, blob.data, headers, body, content_type="application/octet-stream")
+        status, data, asked = 200, blob.data, handler.headers.get("Range") if body else None
+        found = re.fullmatch(r"bytes=(\d+)-(\d*)", (asked or "").strip())
+        if found is not None and self.ranges != "ignore":
+            start, size = int(found[1]), len(blob.data)
+            stop = min(size, int(found[2]) + 1) if found[2] else size
+            if start >= size:
+                headers["Content-Range"] = f"bytes */{size}"
+                return self._send(handler, 416, b"", headers, body)
+            shift = 1 if self.ranges == "shifted" else 0
+            status, data = 206, blob.data[start + shift : stop + shift]
+            data = data[:-1] if self.ranges == "short" else data
+            headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
+        if body:
+            with self._lock:
+                self.sent.append((f"/{repo_id}/{filename}", asked, len(data)))
+        self._send(handler, status, data, headers, body, content_type="application/octet-stream")
 
     def _json(self, handler, data, headers: dict, body: bool) -> None:
         self._send(handler, 200, json.dumps(data).encode(), headers, body, content_type="application/json")

@@ -79,6 +79,7 @@ VERIFY_IMPORTERS = {
     "mergekit_ram._mergekit.verification",
     "mergekit_ram._mergekit.rerun",
     "mergekit_ram._mergekit.published",
+    "mergekit_ram._mergekit.sampling",
 }
 
 

@@ -318,8 +318,8 @@ def test_edited_parameter_is_named_and_nothing_is_recomputed(qwen_bf16, run_yaml
 # ---------------------------------------------------------------- mergekit-multi, the cache
 
 
-def test_mergekit_multi_stages_verify(qwen_bf16, tmp_path, capsys):
-    """Stage `second` merges the folder of stage `first` with C; both verify; without `first`, `second` names it."""
+def multi_stages(qwen_bf16, tmp_path: Path) -> Path:
+    """A `mergekit-multi` recipe run: stage `second` merges the folder of stage `first` with C; the stages' folder."""
     from mergekit.scripts.multimerge import main as multi
 
     recipe = tmp_path / "recipe.yml"
@@ -331,6 +331,12 @@ def test_mergekit_multi_stages_verify(qwen_bf16, tmp_path, capsys):
     )
     inter = tmp_path / "stages"
     multi([str(recipe), "--intermediate-dir", str(inter), "--no-copy-tokenizer", "--quiet"], standalone_mode=False)
+    return inter
+
+
+def test_mergekit_multi_stages_verify(qwen_bf16, tmp_path, capsys):
+    """Stage `second` merges the folder of stage `first` with C; both verify; without `first`, `second` names it."""
+    inter = multi_stages(qwen_bf16, tmp_path)
     assert f"model: {inter / 'first'}" in (inter / "second" / "mergekit_config.yml").read_text(encoding="utf-8")
     for stage in ("first", "second"):
         code, out, err = verify(inter / stage, capsys)

@@ -90,6 +90,10 @@ class FlatPlan(Plan):
     def identity(self, model: Any) -> dict:
         return cache.file_identity(model.model.path)
 
+    def sources(self, task: Any) -> dict[str, tuple[str, str]]:
+        loads = getattr(getattr(task, "gather_tensors", None), "tensors", {})
+        return {str(model): (load.model, load.tensor_name) for model, load in loads.items() if _stores(load)}
+
     def saves(self) -> list[Save]:
         from mergekit.io.tasks import SaveTensor
 

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mergekit.graph import Task
@@ -25,6 +25,7 @@ from mergekit.graph import Task
 from mergekit_ram import files, session
 from mergekit_ram._mergekit import counting, tasks
 from mergekit_ram.checks import config_checks, input_checks, output_checks
+from mergekit_ram.core import statistics
 from mergekit_ram.method import resolves_to_ours
 from mergekit_ram.reporting import report, tables
 
@@ -38,9 +39,16 @@ def check_config(current: session.MergeSession) -> None:
         current.config_checked = True
 
 
-def prepare(plan: tasks.Plan, current: session.MergeSession, seen: dict[str, dict] | None = None) -> None:
+#: the counts of the planned tasks from elsewhere than a pass (`verify --sample`: ram_stats.json's), and their source
+Given = Callable[[list[Any]], tuple[statistics.Statistics | None, str]]
+
+
+def prepare(
+    plan: tasks.Plan, current: session.MergeSession, seen: dict[str, dict] | None = None, given: Given | None = None
+) -> None:
     """Count (or load), reduce to rho per scope, inject into the planned tasks, keep the report in `current`.
-    `seen`: the inputs' identities already read (`verify` reads them first), read once."""
+    `seen`: the inputs' identities already read (`verify` reads them first), read once; `given`: the counts
+    without a pass (`verify --sample`)."""
     found = tasks.planned(plan, resolves_to_ours)
     if not found:  # nothing to count (inspect says so when it finds no report)
         return
@@ -56,9 +64,12 @@ def prepare(plan: tasks.Plan, current: session.MergeSession, seen: dict[str, dic
     needs = tasks.needing_rho(planned)
     merging = current.mode.injects  # a merge, or verify running one again
     seen = {} if seen is None else seen  # each input's identity, read once (cache key and report)
-    counts = counting.statistics_of(
-        plan.options, planned, seen, compute=bool(needs) or not merging, identify=plan.identity
-    )
+    if given is not None:
+        counts: tuple[statistics.Statistics | None, str] = given(planned)
+    else:
+        counts = counting.statistics_of(
+            plan.options, planned, seen, compute=bool(needs) or not merging, identify=plan.identity
+        )
     current.stats, current.source = counts
     if not needs and merging:
         LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")

@@ -9,6 +9,7 @@ that the merge does not plan. The judging is `bitwise`' and `verdict`'s, on plai
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from mergekit.graph import Task
@@ -102,11 +103,16 @@ def published_index(folder: str) -> dict[str, str]:
 
 
 def run(
-    targets: list[CompareTensor], index: dict[str, str], folder: str, options: Any, outcome: verdict.Outcome
+    targets: list[CompareTensor],
+    index: dict[str, str],
+    folder: str,
+    options: Any,
+    outcome: verdict.Outcome,
+    planned_names: Iterable[str] = (),
 ) -> None:
     """Run the compare tasks on the executor `run_merge` would use; then name what the folder holds beyond them
-    (`index`: the folder's tensors)."""
-    planned = set()
+    (`index`: the folder's tensors; `planned_names`: tensors the merge plans beside `targets`, a sample's others)."""
+    planned = set(planned_names)
     try:
         for _task, value in counting.run_as_merge(targets, options, desc="Verifying"):
             if isinstance(value, bitwise.Difference):

@@ -70,6 +70,10 @@ class Plan:
         """(tensor, task, optional, dtype) where mergekit would save each tensor: what `verify` compares."""
         raise NotImplementedError
 
+    def sources(self, task: Any) -> dict[str, tuple[str, str]]:
+        """model -> (file, tensor name) of each input tensor a planned merge task reads (`verify --sample`)."""
+        raise NotImplementedError
+
 
 class _PlannerPlan(Plan):
     def __init__(self, planner: Any):
@@ -105,6 +109,12 @@ class _PlannerPlan(Plan):
     def saves(self) -> list[Save]:
         out_dtype = self.planner.config.out_dtype
         return [(w.name, task, w.optional, w.force_dtype or out_dtype) for w, task in surface.planned(self.planner)]
+
+    def sources(self, task: Any) -> dict[str, tuple[str, str]]:
+        from mergekit.io.tasks import LoaderCache
+
+        found = {str(m): _located(LoaderCache().get(m).index, w) for m, w in _weight_infos(task).items()}
+        return {model: where for model, where in found.items() if where is not None}
 
 
 def of_planner(planner: Any) -> Plan:
@@ -202,12 +212,16 @@ def _weight_infos(task: Any) -> dict[Any, Any]:
 
 def _stored(index: Any, weight: Any, headers: dict[str, dict]) -> input_checks.Stored:
     """(dtype, shape) of a weight as stored (None, None outside safetensors); None when absent."""
+    found = _located(index, weight)
+    return None if found is None else header_entry(*found, headers)
+
+
+def _located(index: Any, weight: Any) -> tuple[str, str] | None:
+    """(file, name) where a model's index stores a weight (under its name or an alias); None when absent."""
     for name in [weight.name, *(weight.aliases or ())]:
         path = index.tensor_paths.get(name)
-        if path is None:
-            continue
-        path = path if os.path.isabs(path) else os.path.join(index.base_path, path)
-        return header_entry(path, name, headers)
+        if path is not None:
+            return (path if os.path.isabs(path) else os.path.join(index.base_path, path)), name
     return None
 
 

@@ -20,26 +20,32 @@ own config):
    output shard is buffered). Tensors in the folder that the merge does not plan are named;
 4. the files beside the weights are checked against what the merge makes (`published`).
 
-Nothing is read from the statistics cache and nothing is written (`cachedir.read_only`): not into the folder
-or an input, not into the statistics cache, no kernel is built. The judging is `record_checks`' and
-`verdict`'s, on plain data; this module plans, `rerun` runs.
+With `--sample` (`sampling`), step 3 recomputes only the drawn tensors, with rho reduced from `ram_stats.json`'s
+per-tensor counts; inputs recorded as hub ids, and a merge fetched from the Hub, are read by ranges into sparse
+stand-ins in a temporary folder (`verify/ranged.py`), each drawn tensor's bytes fetched before anything reads them.
+
+Nothing is read from the statistics cache and nothing is written (`cachedir.read_only`): not into the folder or
+an input, not into the statistics cache, no kernel is built. The judging is `record_checks`' and `verdict`'s, on
+plain data; this module plans, `rerun` runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 from mergekit_ram import errors
-from mergekit_ram._mergekit import door, loading, pipeline, published, rerun, surface
+from mergekit_ram._mergekit import door, loading, pipeline, published, rerun, sampling, surface
 from mergekit_ram.checks import config_checks
 from mergekit_ram.core import cachedir
 from mergekit_ram.errors import InputError
 from mergekit_ram.method import NAME, refuse_foreign
 from mergekit_ram.reporting import report
 from mergekit_ram.session import Mode, active
-from mergekit_ram.verify import hub, input_copies, record_checks, verdict
+from mergekit_ram.verify import bitwise, hub, input_copies, ranged, record_checks, verdict
 
 
 def verify(
@@ -51,12 +57,14 @@ def verify(
     inputs_from: Sequence[str] = (),
     input_dir: str | None = None,
     published: hub.Published | None = None,
+    sample: tuple[float, int] | None = None,
 ) -> verdict.Outcome:
     """Recompute the `ramplus` merge in `folder` and compare it tensor by tensor with what the folder holds.
 
     `trust_remote_code`: the user's own flag (a recorded one is evidence, never applied without it); `inputs`,
     `inputs_from`, `input_dir`: `--input`, `--inputs-from`, `--input-dir`, local copies of recorded inputs
-    (`input_copies`); `published`: `folder` is a merge fetched from the Hub (`hub.fetch`). errors.NotVerifiable: a
+    (`input_copies`); `published`: `folder` is a merge fetched from the Hub (`hub.fetch`); `sample`: (share, seed) of
+    `--sample` (`sampling`: only the drawn tensors are recomputed). errors.NotVerifiable: a
     usage error (no such folder, no ram_stats.json, another method's folder, a copy mapping no input or one
     twice). errors.Unreadable: ram_stats.json cannot be read. Otherwise the outcome: identical, differing
     (named), or not checkable (an input missing or changed, a refused option or file, a file unreadable)."""
@@ -76,9 +84,16 @@ def verify(
     copies = input_copies.local_copies(recorded, inputs, parents=inputs_from, folder=input_dir)
     outcome.entry_point = record.get("entry_point")
     outcome.notes += record_checks.version_notes(recorded, report.installed_versions(), report.installed_from())
-    with cachedir.read_only():  # no statistics cache entry read or written, no kernel build
-        try:
-            _verify(folder, recorded, record, options, trust_remote_code, copies, outcome)
+    stand_ins = tempfile.TemporaryDirectory(prefix="mergekit-ram-sample-") if sample else contextlib.nullcontext("")
+    with cachedir.read_only(), stand_ins as root:
+        try:  # no statistics cache entry read or written, no kernel build; a sample's stand-ins go in `root`
+            mirror = None if sample is None else ranged.Mirror(root)
+            if mirror is not None:  # the Hub's files read by ranges (`ranged`)
+                rows = [(row.model, row.identity) for row in record_checks.recorded_inputs(recorded)]
+                copies |= ranged.input_stand_ins(mirror, rows, copies, options.transformers_cache)
+                if published is not None and published.weights:
+                    folder = ranged.published_stand_in(mirror, published)
+            _verify(folder, recorded, record, options, trust_remote_code, copies, outcome, sample, mirror)
         except errors.CANNOT_CHECK as error:
             outcome.error = errors.said(error)
         except MemoryError as error:  # an address-space limit (ulimit -v) below what mapping a file needs
@@ -92,8 +107,20 @@ def verify(
 
 
 def _verify(
-    folder: str, recorded: dict, record: dict, options: Any, trust: bool, copies: dict[str, str], outcome: Any
+    folder: str,
+    recorded: dict,
+    record: dict,
+    options: Any,
+    trust: bool,
+    copies: dict[str, str],
+    outcome: Any,
+    sample: tuple[float, int] | None = None,
+    mirror: ranged.Mirror | None = None,
 ) -> None:
+    absent = sampling.absent_shards(folder) if sample is not None else []
+    if absent:  # a sample names the folder's damage (a full verify cannot check it: exit 3)
+        outcome.files += absent
+        return
     refused = published.refusal(folder)  # before anything opens a file of the folder
     if refused is not None:
         outcome.cannot_check.append(refused)
@@ -105,12 +132,20 @@ def _verify(
         return
     config_checks.check_devices(options)
     loading.install()
-    _run_again(door.of_record(folder, recorded, record, options, copies), folder, recorded, outcome)
+    _run_again(door.of_record(folder, recorded, record, options, copies), folder, recorded, outcome, sample, mirror)
 
 
-def _run_again(through: door.Door, folder: str, recorded: dict, outcome: Any) -> None:
-    """The merge run again through its door, each tensor compared where mergekit would save it; then the files
-    beside the weights."""
+def _run_again(
+    through: door.Door,
+    folder: str,
+    recorded: dict,
+    outcome: Any,
+    sample: tuple[float, int] | None = None,
+    mirror: ranged.Mirror | None = None,
+) -> None:
+    """The merge run again through its door, each tensor compared where mergekit would save it (`sample`: the
+    drawn ones, `sampling`, their bytes fetched into `mirror`'s stand-ins first); then the files beside the
+    weights."""
     surface.forget_loaders([rerun.reference(folder)])  # read as the files are now
     index = rerun.published_index(folder)
     names = record_checks.recorded_labels(recorded, through.labels)
@@ -133,15 +168,29 @@ def _run_again(through: door.Door, folder: str, recorded: dict, outcome: Any) ->
             outcome.parameters = record_checks.plan_mismatches(recorded, planned, source=through.planned_from)
             if outcome.parameters:
                 return
-            pipeline.prepare(plan, current, seen)
+            given = None if sample is None else (lambda planned: sampling.recorded_statistics(recorded, planned, names))
+            pipeline.prepare(plan, current, seen, given)
         except (OSError, ValueError) as error:
             raise InputError(errors.said(error)) from error
         assert current.report is not None
         found = record_checks.as_recorded({**current.report, "merge": recorded.get("merge")}, through.labels)
         outcome.statistics = current.source
         outcome.parameters = record_checks.rho_mismatches(recorded, found)
-        targets = [rerun.compare_task(folder, *save) for save in plan.saves()]
-        rerun.run(targets, index, folder, through.options, outcome)
+        saves, spans = plan.saves(), {}
+        if sample is not None:
+            outcome.sample = sampling.draw(plan, folder, index, *sample)
+            spans = sampling.needed(plan, folder, index, outcome.sample, seen)
+            if mirror is not None:
+                mirror.fill_all(spans)  # the drawn tensors' bytes, before anything reads them
+            saves = _sampled(plan, saves, index, recorded, names, current.stats, outcome)
+        targets = [rerun.compare_task(folder, *save) for save in saves]
+        rerun.run(targets, index, folder, through.options, outcome, [save[0] for save in plan.saves()])
+        if outcome.sample is not None:
+            remote = mirror.remote if mirror is not None else {}
+            outcome.sample.bytes_read = sampling.bytes_read(spans, remote)
+            if mirror is not None:
+                outcome.sample.bytes_read += mirror.reader.received
+                outcome.sample.more_than_needed += mirror.reader.more_than_needed
     published.check(folder, recorded, found, outcome, **through.published(plan))
 
 
@@ -165,3 +214,17 @@ def _inputs_unchanged(through: door.Door, recorded: dict, outcome: verdict.Outco
     if checked:
         outcome.checked.append(f"the identities of {len(checked)} input(s)")
     return not any(check.status in ("changed", "missing") for check in outcome.inputs)
+
+
+def _sampled(plan: Any, saves: list, index: dict, recorded: dict, names: dict, stats: Any, outcome: Any) -> list:
+    """The saves of the drawn tensors. The others are checked without a read: a planned tensor the folder lacks is
+    named, and so is a recorded element count the inputs' headers contradict; the drawn tensors' counts are
+    counted again against ram_stats.json's (`sampling`)."""
+    chosen = set(outcome.sample.names)
+    for name, _task, optional, _dtype in saves:
+        if name not in chosen and name not in index and not optional:
+            outcome.add(bitwise.Difference(name, "missing"))
+    if stats is not None:
+        outcome.files += sampling.numel_mismatches(plan, stats)
+        outcome.files += sampling.recount(plan, outcome.sample, recorded, names)
+    return [save for save in saves if save[0] in chosen]

@@ -229,15 +229,30 @@ def _safetensors_header_hash(path: str) -> str:
     return hashlib.sha256(files.read_header(path)[0]).hexdigest()
 
 
-def _sample_hash(path: str, size: int, windows: int = 16, width: int = 1 << 16) -> str:
+#: the width of each sampled window of a weight file (`_sample_hash`), and how many
+SAMPLE, WINDOWS = 1 << 16, 16
+
+
+def sample_offsets(size: int) -> list[int]:
+    """Where the sampled windows of a file of `size` bytes start (each `SAMPLE` bytes, or to the file's end)."""
+    return [max(0, (size - SAMPLE) * i // (WINDOWS - 1)) for i in range(WINDOWS)]
+
+
+def _sample_hash(path: str, size: int) -> str:
     """sha256 of evenly spaced 64 KiB windows: tells apart agents of one base
     (an RL agent changes thousands of entries per window) without a full read."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for i in range(windows):
-            f.seek(max(0, (size - width) * i // max(1, windows - 1)))
-            digest.update(f.read(width))
+        for start in sample_offsets(size):
+            f.seek(start)
+            digest.update(f.read(SAMPLE))
     return digest.hexdigest()
+
+
+def validate(agents: Any, tensors: Iterable) -> None:
+    """ValueError unless `tensors` are per-tensor counts of `agents` as an entry holds them (`verify --sample` reads
+    ram_stats.json's so)."""
+    _validate(agents, tensors)
 
 
 def _validate(agents: Any, tensors: Iterable) -> None:

@@ -44,13 +44,16 @@ REVISION = re.compile(r"(?!.*\.\.)(?!/)[\w.\-/]+(?<!/)")
 @dataclass(frozen=True)
 class Published:
     """A published merge fetched from the Hub: `folder` (the Hub cache's snapshot), at `revision` (the commit),
-    asked for as `requested`; `not_fetched`: the repository's other files, named from its listing."""
+    asked for as `requested`; `not_fetched`: the repository's other files, named from its listing; `fetched`: the
+    files fetched; `weights`: the weight files verify reads, left on the Hub (`fetch(weights=False)`: `ranged`)."""
 
     repository: str
     requested: str
     revision: str
     folder: str
     not_fetched: tuple[str, ...] = ()
+    fetched: tuple[str, ...] = ()
+    weights: tuple[str, ...] = ()
 
     def as_json(self) -> dict:
         return {"repository": self.repository, "requested": self.requested, "revision": self.revision}
@@ -100,9 +103,12 @@ def wanted(name: str) -> bool:
     return name in named or chat
 
 
-def fetch(repository: str, requested: str, *, cache_dir: str | None = None, quiet: bool = False) -> Published:
+def fetch(
+    repository: str, requested: str, *, cache_dir: str | None = None, quiet: bool = False, weights: bool = True
+) -> Published:
     """The files verify reads of `repository` at `requested`, downloaded into the Hub cache (`cache_dir`, else
-    huggingface_hub's). Unreadable, in one line, when the Hub cannot say or give them, or its answers disagree."""
+    huggingface_hub's); without `weights`, the weight files are named, left for ranged reads (`verify --sample`).
+    Unreadable, in one line, when the Hub cannot say or give them, or its answers disagree."""
     from huggingface_hub import HfApi, constants
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
@@ -129,7 +135,8 @@ def fetch(repository: str, requested: str, *, cache_dir: str | None = None, quie
                     f"{said} (commit {commit}) holds no {output_checks.STATS_FILE}: not the output of a finished "
                     "ramplus merge"
                 )
-            first = [name for name in listed if wanted(name)]
+            left = [name for name in listed if wanted(name) and not weights and _weight(name)]
+            first = [name for name in listed if wanted(name) and name not in left]
             folder = _download(repository, commit, first, cache_dir)
             shards = {
                 name
@@ -138,6 +145,7 @@ def fetch(repository: str, requested: str, *, cache_dir: str | None = None, quie
                 for name in loader_files.weight_files(folder, choice)
             }
             more = sorted(shards & set(listed) - set(first) - {n for n in shards if loader_files.is_code(n)})
+            left, more = (left, more) if weights else (sorted({*left, *more}), [])
             if more:
                 _download(repository, commit, more, cache_dir)
     except _Lie as error:
@@ -150,7 +158,13 @@ def fetch(repository: str, requested: str, *, cache_dir: str | None = None, quie
         if quiet and not shown:
             enable_progress_bars()
     fetched = {*first, *more}
-    return Published(repository, requested, commit, folder, tuple(n for n in listed if n not in fetched))
+    unfetched = tuple(n for n in listed if n not in fetched and n not in left)
+    return Published(repository, requested, commit, folder, unfetched, tuple(sorted(fetched)), tuple(left))
+
+
+def _weight(name: str) -> bool:
+    """A weight file (not an index), which `verify --sample` reads by ranges."""
+    return name.endswith((".safetensors", ".bin"))
 
 
 def _commit(said: Any, where: str) -> str:

@@ -34,7 +34,12 @@ JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/ver
   `detail` (or null);
 - `checked[]`, `not_checked[]`: what was checked, and what was not (files no check covers, and why);
 - `problems[]`: every finding as one line of text (what the text output prints);
-- `notes[]`: what does not decide the result (versions differing from the recorded ones, ...).
+- `notes[]`: what does not decide the result (versions differing from the recorded ones, ...);
+- `sample` (only with `verify --sample P`, P < 1): `seed`, `share` (P), `tensors_checked`, `tensors_total`,
+  `elements_checked`, `elements_total`, `bytes_read` (bytes of weight files read, from disk or the network, each
+  byte once), `least_draws` and `pass_bound` (share of differing weights -> the most such a merge passes with:
+  `verify/sample.py`), `more_than_needed` (why more was read: a server that ignored a range), `tensors` (names).
+  With a sample, `result` "identical" means no difference in the sample, and the headline says so.
 
 Every exit but a usage error's prints this JSON; a NaN or infinity anywhere in it (a record's value) is a string.
 """
@@ -48,6 +53,7 @@ from typing import Any
 
 from mergekit_ram.verify.bitwise import Difference
 from mergekit_ram.verify.record_checks import InputCheck
+from mergekit_ram.verify.sample import Sample
 
 __all__ = ["EXIT", "FORMAT", "FORMAT_VERSION", "Outcome", "dumps"]
 
@@ -79,6 +85,8 @@ class Outcome:
     not_checked: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    #: `--sample`: the draw, its bytes read (`sample.Sample`); None for a full verify
+    sample: Sample | None = None
 
     def add(self, found: Difference) -> None:
         """One compared tensor (identical ones are counted, not kept)."""
@@ -127,6 +135,8 @@ class Outcome:
 
     def headline(self) -> str:
         where = self._where()
+        if self.result == "identical" and self.sample is not None:
+            return f"{self.name()}: {self.sample.headline()}"
         if self.result == "identical":
             return f"{self.name()}: bit-identical, {self.compared:,} tensors{where}"
         if self.result == "differs":
@@ -138,7 +148,19 @@ class Outcome:
     def summary(self) -> str:
         """What was checked and what was not, in one line."""
         checked = "; ".join(self.checked) or "nothing"
-        return f"checked: {checked}" + (f". Not checked: {'; '.join(self.not_checked)}" if self.not_checked else "")
+        unchecked = self.not_checked + (self._unsampled() if self.merged else [])
+        return f"checked: {checked}" + (f". Not checked: {'; '.join(unchecked)}" if unchecked else "")
+
+    def _unsampled(self) -> list[str]:
+        """What a sample leaves unchecked."""
+        if self.sample is None:
+            return []
+        left = len(self.sample.sizes) - len(self.sample.names)
+        return [
+            f"the bits of the {left:,} tensors not drawn",
+            "their counts in ram_stats.json, but through the per-agent totals, rho and lambda they must sum to (an "
+            "edit that keeps the sums is caught only where the sample draws it)",
+        ]
 
     def text(self) -> str:
         """What `mergekit-ram verify` prints."""
@@ -148,6 +170,11 @@ class Outcome:
             lines += [f"  {line} (so it was not checked)" for line in self._blocked()]
         elif self.result == "cannot check":
             lines += [f"  {line}" for line in self._blocked()]
+        if self.sample is not None and self.merged:
+            if self.result != "identical":
+                lines.append(f"  sample: {self.sample.headline().replace('no difference in ', '', 1)}")
+            lines.append(f"  {self.sample.odds()}")
+            lines += [f"  read more than needed: {why}" for why in self.sample.more_than_needed]
         if not self.merged and self.result != "identical":
             lines.append("  (nothing recomputed: the merge was not run again)")
         elif self.result == "differs":
@@ -177,10 +204,12 @@ class Outcome:
             "tensors": [d.as_json() for d in sorted(self.differences, key=lambda d: d.name)],
             "cannot_check": self._blocked(),
             "checked": list(self.checked),
-            "not_checked": list(self.not_checked),
+            "not_checked": self.not_checked + (self._unsampled() if self.merged else []),
             "problems": self.problems(),
             "notes": list(self.notes),
         }
+        if self.sample is not None:
+            out["sample"] = self.sample.as_json()
         if self.error is not None:
             out["error"] = self.error
         return _strict(out)

@@ -1,0 +1,113 @@
+"""What `mergekit-ram verify --sample P` reads and costs beside a full verify, from a stand-in Hub and a folder.
+
+    python benchmarks/verify_sample.py --workload W1 --share 0.02 [--seeds 1,2,3] [--root DIR] [--scratch DIR] [--out F]
+
+On one workload (workloads.py), every input is published on the suite's stand-in Hub (tests/hub_stub.py, on
+127.0.0.1, serving ranges as the Hub does) and merged by `mergekit-yaml` as hub ids (`org/base`, `org/agent-N`);
+the merge is published there as `org/merged`. Then, each a whole process timed by measure.py's launcher, each with
+a fresh Hub cache and the statistics cache off:
+
+- `verify org/merged` (full: it downloads the merge and its inputs whole, and recomputes every tensor);
+- per seed S, `verify org/merged --sample P --sample-seed S` (ranges only), and `verify FOLDER --sample P` of the
+  merged folder on disk, its inputs the Hub's (what it reads: `bytes_read`).
+
+Bytes are what the stand-in sent (bodies of GETs, every file) and, for weight files, what `--json`'s `bytes_read`
+says. Prints one line per run and writes them as JSON (`--out`). The machine's load is printed beside each run:
+on a shared machine the times are upper bounds. Not part of the benchmark suite (run.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import measure
+import workloads
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from hub_stub import HubStub, hub_env  # noqa: E402  (the suite's stand-in Hub)
+
+MERGEKIT_RAM = str(measure.BIN / "mergekit-ram")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="W1")
+    parser.add_argument("--share", default="0.02")
+    parser.add_argument("--seeds", default="1,2,3", help="the sample's seeds, one run each (comma-separated)")
+    parser.add_argument("--root", help="workload folder (workloads.py)")
+    parser.add_argument("--scratch", help="where the merge and the Hub caches go (default: a temporary folder)")
+    parser.add_argument("--out", help="write the runs here as JSON")
+    args = parser.parse_args(argv)
+    wl, marker = workloads.get(args.workload, args.root)
+    scratch = Path(tempfile.mkdtemp(prefix="verify-sample-", dir=args.scratch))
+    inputs = {"org/base": wl.base, **{f"org/agent-{i}": path for i, path in enumerate(wl.agents.values())}}
+    config = measure.config(wl, "ramplus", measure.RAMPLUS)
+    config["base_model"] = "org/base"
+    config["models"] = [{**row, "model": f"org/agent-{i}"} for i, row in enumerate(config["models"])]
+    (scratch / "ramplus.yaml").write_text(yaml.safe_dump(config))
+    out = scratch / "merged"
+    cwd = scratch / "cwd"  # nothing there is named like a hub id
+    cwd.mkdir()
+    rows = []
+    with HubStub({repo: [folder] for repo, folder in inputs.items()}, lifetime=24 * 3600) as stub:
+        merge = [measure.MERGEKIT_YAML, str(scratch / "ramplus.yaml"), str(out), "--no-copy-tokenizer", "--quiet"]
+        rows.append(_run("merge (hub ids)", merge, stub, scratch / "hf-merge", cwd))
+    served = {**{repo: [folder] for repo, folder in inputs.items()}, "org/merged": [out]}
+    with HubStub(served, lifetime=24 * 3600) as stub:
+        quiet = ["--json", "-q"]
+        rows.append(_run("verify org/merged", [MERGEKIT_RAM, "verify", "org/merged", *quiet], stub,
+                         scratch / "hf-full", cwd))  # fmt: skip
+        for seed in args.seeds.split(","):
+            sample = ["--sample", args.share, "--sample-seed", seed]
+            rows.append(_run(f"verify org/merged --sample {args.share} ({seed})", [MERGEKIT_RAM, "verify",
+                             "org/merged", *sample, *quiet], stub, scratch / f"hf-sample-{seed}", cwd))  # fmt: skip
+            rows.append(_run(f"verify FOLDER --sample {args.share} ({seed})", [MERGEKIT_RAM, "verify", str(out),
+                             *sample, *quiet], stub, scratch / f"hf-folder-{seed}", cwd))  # fmt: skip
+    weights = sum(p.stat().st_size for folder in [*inputs.values(), out] for p in Path(folder).glob("*.safetensors"))
+    full = rows[1]
+    print(f"{args.workload}: {marker['num_parameters'] / 1e6:.1f}M params per model, {len(wl.agents)} agents, "
+          f"{weights / 1e9:.2f} GB of weight files (merge and inputs); share {args.share}, seeds {args.seeds}")
+    for row in rows:
+        ratio = ""
+        if row["what"].startswith("verify"):
+            ratio = (f"  {row['sent_weights'] / max(1, full['sent_weights']):6.2%} of the full verify's weight bytes, "
+                     f"{row['wall_s'] / full['wall_s']:6.2%} of its time")
+        read = f", bytes_read {row['bytes_read'] / 1e6:,.1f} MB" if row.get("bytes_read") is not None else ""
+        print(f"{row['what']:<36} exit {row['returncode']}  {row['wall_s']:8.1f} s  sent {row['sent'] / 1e6:10,.1f} MB "
+              f"(weights {row['sent_weights'] / 1e6:,.1f} MB{read}), load {row['loadavg_1m']:.1f}{ratio}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"workload": args.workload, "share": args.share, "seeds": args.seeds,
+                                              "weights_bytes": weights, "runs": rows}, indent=2) + "\n")
+
+
+def _run(what: str, cmd: list[str], stub: HubStub, home: Path, cwd: Path) -> dict:
+    """One process against the stand-in: its wall time, what the stand-in sent meanwhile, and verify's verdict."""
+    env = {**hub_env(stub.url, home), "MERGEKIT_RAM_CACHE": "off"}
+    before, load = len(stub.sent), os.getloadavg()[0]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, env=env, cwd=str(cwd), capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    sent = stub.sent[before:]
+    row = {"what": what, "wall_s": round(wall, 2), "returncode": done.returncode, "loadavg_1m": load,
+           "sent": sum(size for *_, size in sent),
+           "sent_weights": sum(size for path, _, size in sent if path.endswith((".safetensors", ".bin")))}
+    try:
+        found = json.loads(done.stdout)
+        row["headline"] = found.get("headline")
+        row["bytes_read"] = (found.get("sample") or {}).get("bytes_read")
+        row["sample"] = {k: v for k, v in (found.get("sample") or {}).items() if k != "tensors"} or None
+    except ValueError:
+        row["log_tail"] = (done.stdout + done.stderr)[-3000:]
+    return row
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""`mergekit-ram verify ORG/NAME --sample P` against the suite's stand-in Hub (tests/hub_stub.py), which serves
+ranges as the Hub does (HTTP 206), or, on request, ignores them or answers other bytes than asked.
+
+* the stand-in's ranges through huggingface_hub's own client (its session and URLs), and `verify/ranged.py`'s
+  reader on top: the bytes asked, the file's size, what came; a server that ignores ranges is read only as far as
+  needed and noted; one that sends fewer bytes than it says is `Unreadable`, naming the file;
+* a published merge of hub ids sampled from the Hub: exit 0 with the sample's headline, every weight file read by
+  ranges only (no GET of a whole weight file, none in the Hub cache), fewer bytes than the files hold; a drawn
+  tampered tensor is exit 1, named;
+* a server that ignores ranges: still exit 0, the verdict says more was read than needed; one that answers other
+  bytes (short, or shifted): exit 3 or 1, naming the file, never 0.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from hub_stub import HubStub, hub_env
+from safetensors import safe_open
+from test_hub import REPOS, _exe, hub, published  # noqa: F401  (module fixtures, built again here)
+
+from mergekit_ram.errors import Unreadable
+from mergekit_ram.verify import ranged, sample
+
+
+@pytest.mark.quick
+def test_the_stand_ins_ranges_through_huggingface_hubs_client(qwen_bf16):
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import get_session
+
+    data = (qwen_bf16.paths["base"] / "model.safetensors").read_bytes()
+    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=300) as stub:
+        sha = stub.shas["org/base"][0]
+        url = hf_hub_url("org/base", "model.safetensors", revision=sha, endpoint=stub.url)
+        answer = get_session().get(url, headers={"Range": "bytes=3-10"})
+        assert (answer.status_code, answer.content) == (206, data[3:11])
+        assert answer.headers["Content-Range"] == f"bytes 3-10/{len(data)}"
+        answer = get_session().get(url, headers={"Range": "bytes=5-"})
+        assert (answer.status_code, answer.content) == (206, data[5:])
+        assert get_session().get(url, headers={"Range": f"bytes={len(data)}-"}).status_code == 416
+        assert get_session().get(url).content == data  # no range: the whole file, as before
+        reader = ranged.Reader(endpoint=stub.url)
+        assert reader.read("org/base", sha, "model.safetensors", 100, 200) == (data[100:200], len(data))
+        assert reader.received == 100 and reader.more_than_needed == []
+        assert stub.sent[-1] == ("/org/base/model.safetensors", "bytes=100-199", 100)
+    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=300, ranges="ignore") as stub:
+        reader = ranged.Reader(endpoint=stub.url)
+        assert reader.read("org/base", sha, "model.safetensors", 100, 200) == (data[100:200], len(data))
+        assert reader.more_than_needed == [f"org/base@{sha}/model.safetensors: the server ignored a range and sent "
+                                           "the whole file"]  # fmt: skip
+    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=300, ranges="short") as stub:
+        with pytest.raises(Unreadable, match=f"org/base@{sha}/model.safetensors: asked for bytes 100-199, the server"):
+            ranged.Reader(endpoint=stub.url).read("org/base", sha, "model.safetensors", 100, 200)
+
+
+def _verify(url: str, home, cwd, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    done = subprocess.run(
+        [_exe("mergekit-ram"), "verify", *args, "-q"], capture_output=True, text=True, timeout=600,
+        env=hub_env(url, home), cwd=str(cwd),
+    )  # fmt: skip
+    try:
+        return done, json.loads(done.stdout)
+    except ValueError:
+        return done, None
+
+
+def _served(hub, more: dict) -> dict:
+    served = {repo: [hub.stub_folders[who] for who in members] for repo, members in REPOS.items()}
+    return {**served, "org/merged": [hub.out], **more}
+
+
+def _seed(hub, tensor: str, share: float, drawn: bool = True) -> int:
+    """A seed whose draw takes `tensor` (or leaves it, `drawn` false), as verify draws over the merge's tensors."""
+    with safe_open(str(hub.out / "model.safetensors"), framework="pt") as f:
+        sizes = {name: f.get_slice(name).get_shape() for name in f.keys()}
+    numel = {name: int(__import__("math").prod(shape)) for name, shape in sizes.items()}
+    return next(seed for seed in range(1000) if (tensor in sample.draw(numel, share, seed).names) == drawn)
+
+
+def test_a_sample_from_the_hub_reads_ranges_only(hub, published, tmp_path):  # noqa: F811
+    home = tmp_path / "hf"  # a fresh cache: what this verify fetches is all there is
+    done, found = _verify(published.stub.url, home, hub.root / "cwd", "org/merged", "--sample", "0.3",
+                          "--sample-seed", "4", "--json")  # fmt: skip
+    before = len(published.stub.sent)
+    assert done.returncode == 0 and found is not None, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "no difference in a sample of" in found["headline"] and found["hub"]["repository"] == "org/merged"
+    weights = [row for row in published.stub.sent[:before] if row[0].endswith(".safetensors")]
+    assert weights and all(asked is not None for _, asked, _ in weights), weights  # ranges only
+    whole = sum((hub.stub_folders[w] / "model.safetensors").stat().st_size for w in ("base", "A", "B", "C"))
+    whole += (hub.out / "model.safetensors").stat().st_size
+    sent = sum(size for *_, size in weights)
+    assert found["sample"]["bytes_read"] == sent < whole
+    assert not list(home.rglob("*.safetensors"))  # no weight file in the Hub cache
+    assert {row["status"] for row in found["inputs"]} == {"same"}
+
+
+def test_a_drawn_tampered_tensor_on_the_hub_is_named(hub, published, tmp_path):  # noqa: F811
+    seed = _seed(hub, published.tensor, 0.3)
+    done, found = _verify(published.stub.url, tmp_path / "hf", hub.root / "cwd", "org/tampered", "--sample", "0.3",
+                          "--sample-seed", str(seed), "--json")  # fmt: skip
+    assert done.returncode == 1 and found is not None, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [row["name"] for row in found["tensors"]] == [published.tensor]
+
+
+@pytest.mark.parametrize("ranges", ["ignore", "short", "shifted"])
+def test_a_server_that_does_not_honour_ranges(hub, tmp_path, ranges):
+    with HubStub(_served(hub, {}), lifetime=900, ranges=ranges) as stub:
+        done, found = _verify(stub.url, tmp_path / "hf", hub.root / "cwd", "org/merged", "--sample", "0.3",
+                              "--sample-seed", "4")  # fmt: skip
+    said = done.stdout + done.stderr
+    if ranges == "ignore":  # still correct, and says what it cost
+        assert done.returncode == 0, said[-3000:]
+        assert "read more than needed: " in done.stdout and "the server ignored a range" in done.stdout
+    else:
+        assert done.returncode in (1, 3), said[-3000:]
+        assert ".safetensors" in said and ("org/" in said), said[-3000:]
