@@ -131,3 +131,61 @@ def test_a_ramplus_card_never_asks_about_a_local_folder(demo, monkeypatch):
 
 
 
+
+
+# --------------------------------------------------------------------------- #
+# A relative path that is not here: one line before anything is retried
+# --------------------------------------------------------------------------- #
+def _one_line(done: subprocess.CompletedProcess) -> str:
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 1 and len(lines) <= 3, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "Retry" not in done.stderr and "Traceback" not in done.stderr
+    return lines[-1]
+
+
+@pytest.mark.parametrize("how", ["offline", "unreachable"])
+def test_a_relative_config_run_from_elsewhere_is_one_line(demo, tmp_path, how):
+    command = [console_script("mergekit-yaml"), "../rel.yaml", str(tmp_path / "out")]
+    line = _one_line(run(command, demo.other, network(tmp_path, how)))
+    assert f"is neither a folder in {demo.other} (paths are read from the folder you run in; " in line, line
+    assert "from the config's folder it is " + str(demo.root) in line, line
+    assert ("HF_HUB_OFFLINE is set" if how == "offline" else "could not be asked") in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_inspect_of_a_relative_config_from_elsewhere_is_one_line(demo, tmp_path):
+    command = [console_script("mergekit-ram"), "inspect", "../rel.yaml"]
+    line = _one_line(run(command, demo.other, network(tmp_path, "unreachable")))
+    assert line.startswith("mergekit-ram inspect: error: input model ") and f"in {demo.other} (" in line, line
+    assert "from the config's folder it is " + str(demo.root) in line, line
+
+
+def test_a_relative_input_file_of_mergekit_pytorch_from_elsewhere(flat_mlp, tmp_path):
+    from helpers import flat_config_text
+
+    here = tmp_path / "policies"
+    here.mkdir()
+    for who in ("base", "A", "B"):
+        shutil.copy(flat_mlp.path(who), here / Path(flat_mlp.path(who)).name)
+    names = {who: Path(flat_mlp.path(who)).name for who in ("base", "A", "B")}
+    (here / "flat.yml").write_text(flat_config_text(flat_mlp, ("A", "B"), paths=names), encoding="utf-8")
+    (tmp_path / "elsewhere").mkdir()
+    command = [console_script("mergekit-pytorch"), "../policies/flat.yml", str(tmp_path / "out")]
+    line = _one_line(run(command, tmp_path / "elsewhere", network(tmp_path, "offline")))
+    assert f"does not exist in {tmp_path / 'elsewhere'} (paths are read from the folder you run in; " in line, line
+    assert "from the config's folder it is " + str(here) in line, line
+
+
+@pytest.mark.quick
+def test_the_nearest_is_a_folder_for_a_folder_and_a_file_for_a_file(tmp_path, monkeypatch):
+    from mergekit_ram.checks import paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "code.pt").write_bytes(b"")
+    (tmp_path / "agents" / "codes").mkdir()
+    (tmp_path / "agents_code.pt").write_bytes(b"")
+    assert paths.nearest("agents/code", "folder") == "; did you mean agents/codes?"
+    assert paths.nearest("agents/code", "file") == "; did you mean agents/code.pt?"
+    assert paths.nearest("agent/code", "folder") == "; did you mean agents/codes?"  # not agents_code.pt
+    assert paths.nearest(str(tmp_path / "agents" / "cod"), "file") == f"; did you mean {tmp_path}/agents/code.pt?"
