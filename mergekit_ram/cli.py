@@ -126,6 +126,8 @@ def _inspect(
 
     from mergekit_ram.core import params
 
+    config = config.expanduser()  # `~` as in every option of ours that takes a path
+    json_path, plot = (None if p is None else p.expanduser() for p in (json_path, plot))
     levels = {0: logging.WARNING, 1: logging.INFO}
     logging.basicConfig(level=levels.get(merge.get("verbosity", 0), logging.DEBUG), format="%(levelname)s: %(message)s")
     if not config.is_file():
@@ -254,6 +256,7 @@ def _verify(
     `--inputs-from` without `=`, an `--input-dir` that is no folder. Each value is split where the record says
     (`input_copies`: a recorded name may hold `=`). A TARGET that is no local path and reads as `org/name` is
     a merge on the Hub (`hub.parse`), fetched first."""
+    from mergekit_ram.checks import paths
     from mergekit_ram.verify import hub
 
     for option, values, form in (("--input", inputs, "RECORDED=LOCAL"),
@@ -261,6 +264,7 @@ def _verify(
         for pair in values:
             if "=" not in pair.strip("="):
                 raise _UsageError(f"{option} {pair}: expected {form}")
+    input_dir = None if input_dir is None else input_dir.expanduser()  # `--input-dir=~/x`: no shell expands it
     if input_dir is not None and not input_dir.is_dir():
         raise _UsageError(f"--input-dir {input_dir}: no such folder")
     on_hub = hub.parse(str(target))
@@ -268,7 +272,10 @@ def _verify(
     try:
         if on_hub is not None:  # before torch and mergekit load: a repository the Hub lacks is one line at once
             cache = merge.get("transformers_cache")
-            published = hub.fetch(*on_hub, cache_dir=cache, quiet=bool(merge.get("quiet")))
+            try:
+                published = hub.fetch(*on_hub, cache_dir=cache, quiet=bool(merge.get("quiet")))
+            except errors.Unreadable as error:  # neither a folder here nor a merge the Hub gives: say both
+                raise errors.Unreadable(paths.neither(str(target), errors.said(error))) from error
         from mergekit_ram._mergekit import options as merge_options
         from mergekit_ram._mergekit import verification
 
@@ -354,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         click.echo(_group.get_help(click.Context(_group, info_name=PROG)), err=True)
         return 2
     command = args[0]
+    errors.show_warnings_as_lines()
+    errors.quiet_deprecated_dtype()
     try:
         _group.main(args, prog_name=PROG, standalone_mode=False)
         return 0

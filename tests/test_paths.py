@@ -24,6 +24,8 @@ import yaml
 from helpers import console_script, finished, read_stats
 from hub_stub import hub_env
 
+#: transformers' line mergekit causes at every run, as it prints it (silenced in ramplus merges and our commands)
+QUIET_ABOUT = {"[transformers] `torch_dtype` is deprecated! Use `dtype` instead!"}
 #: the layout of a user's folder: the base and two agents named like hub ids (one slash, no `./`)
 LAYOUT = {"base": "base", "A": "agents/code", "B": "acme/tooler"}
 
@@ -79,6 +81,7 @@ def test_relative_merge_keeps_its_card_whatever_the_network(demo, tmp_path, how)
     assert "huggingface.co/acme" not in card
     assert "Traceback" not in done.stderr
     assert read_stats(out)["inputs"]
+    assert QUIET_ABOUT.isdisjoint(done.stderr.splitlines()) and "WARNING:mergekit_ram" not in done.stderr
 
 
 def test_run_merge_keeps_its_card_offline(demo, tmp_path, monkeypatch):
@@ -189,3 +192,156 @@ def test_the_nearest_is_a_folder_for_a_folder_and_a_file_for_a_file(tmp_path, mo
     assert paths.nearest("agents/code", "file") == "; did you mean agents/code.pt?"
     assert paths.nearest("agent/code", "folder") == "; did you mean agents/codes?"  # not agents_code.pt
     assert paths.nearest(str(tmp_path / "agents" / "cod"), "file") == f"; did you mean {tmp_path}/agents/code.pt?"
+
+
+# --------------------------------------------------------------------------- #
+# verify: a recorded relative input is looked for here, and never asked of the Hub
+# --------------------------------------------------------------------------- #
+@pytest.fixture(scope="module")
+def mixed(demo, tmp_path_factory) -> SimpleNamespace:
+    """A merge of `./base` (no hub id), `agents/code` and `acme/tooler` (named like hub ids), run in the demo's
+    folder offline: its record names its inputs as written."""
+    config = yaml.safe_load(demo.config.read_text(encoding="utf-8"))
+    config["base_model"] = "./base"
+    (demo.root / "mixed.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    env = network(tmp_path_factory.mktemp("hf"), "offline")
+    done = run([console_script("mergekit-yaml"), "mixed.yaml", "merged-mixed"], demo.root, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return SimpleNamespace(folder=demo.root / "merged-mixed", labels=("base", "code", "tooler"))
+
+
+def _verify(args: list[str], cwd: Path, tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, list]:
+    """`mergekit-ram verify ARGS` with the Hub a stand-in that holds nothing: (the run, the requests it got)."""
+    from hub_stub import HubStub
+
+    with HubStub({}, lifetime=600) as stub:
+        done = run([console_script("mergekit-ram"), "verify", *args], cwd, {**hub_env(stub.url, tmp_path), **env})
+        return done, list(stub.requests)
+
+
+def test_verify_names_the_folder_it_looked_in_and_asks_no_hub(demo, mixed, tmp_path):
+    done, asked = _verify([str(mixed.folder)], demo.other, tmp_path / "hf")
+    assert done.returncode == 3, done.stdout + done.stderr
+    for written in ("./base", "agents/code", "acme/tooler"):
+        line = next(line for line in done.stdout.splitlines() if f"({written}, " in line)
+        assert f"cannot be read: no such folder in {demo.other} (a recorded relative input" in line, line
+        assert "--input-dir DIR" in line, line
+    assert "Repo id" not in done.stdout + done.stderr
+    assert asked == []  # a recorded local folder is never asked of the Hub
+
+
+def test_verify_from_the_merges_folder_asks_no_hub(demo, mixed, tmp_path):
+    done, asked = _verify(["merged-mixed"], demo.root, tmp_path / "hf")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert asked == []
+    assert not any("torch_dtype" in line for line in done.stderr.splitlines()), done.stderr
+    assert "WARNING:mergekit_ram" not in done.stderr
+
+
+def test_verify_input_dir_expands_tilde(demo, mixed, tmp_path):
+    home = tmp_path / "home"
+    for label, name in zip(mixed.labels, ("base", "agents/code", "acme/tooler")):
+        shutil.copytree(demo.root / name, home / "copies" / label)
+    done, asked = _verify([str(mixed.folder), "--input-dir=~/copies"], demo.other, tmp_path / "hf", HOME=str(home))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert asked == []
+    missing, _ = _verify([str(mixed.folder), "--input-dir=~/nothing"], demo.other, tmp_path / "hf", HOME=str(home))
+    assert f"--input-dir {home}/nothing: no such folder" in missing.stderr, missing.stderr
+
+
+@pytest.mark.quick
+def test_verify_of_a_typo_that_is_neither_a_folder_nor_on_the_hub(demo, tmp_path):
+    (demo.root / "merged").mkdir(exist_ok=True)
+    done = run([console_script("mergekit-ram"), "verify", f"{demo.root.name}/mergd"], demo.root.parent,
+               network(tmp_path, "unreachable"))  # fmt: skip
+    line = done.stderr.strip()
+    assert done.returncode == 3 and len(line.splitlines()) == 1, done.stdout + done.stderr
+    assert line.startswith(f"mergekit-ram verify: cannot check: {demo.root.name}/mergd@main: the Hub at "), line
+    assert f"; nor is {demo.root.name}/mergd a folder in {demo.root.parent}; did you mean " in line, line
+    assert line.endswith(f"{demo.root.name}/merged?"), line
+
+
+def test_verify_of_a_mergekit_pytorch_merge_with_relative_files(flat_mlp, tmp_path):
+    from helpers import flat_config_text
+
+    here = tmp_path / "policies"
+    here.mkdir()
+    names = {who: Path(flat_mlp.path(who)).name for who in ("base", "A", "B")}
+    for who, name in names.items():
+        shutil.copy(flat_mlp.path(who), here / name)
+    (here / "flat.yml").write_text(flat_config_text(flat_mlp, ("A", "B"), paths=names), encoding="utf-8")
+    env = network(tmp_path, "offline")
+    assert run([console_script("mergekit-pytorch"), "flat.yml", "merged"], here, env).returncode == 0
+    done = run([console_script("mergekit-ram"), "verify", "policies/merged"], tmp_path, env)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert done.stdout.count(f"cannot be read: no such file in {tmp_path} (a recorded relative input") == 3
+
+
+# --------------------------------------------------------------------------- #
+# What a run prints beside its answer
+# --------------------------------------------------------------------------- #
+def test_inspect_prints_no_deprecation_line(demo, tmp_path):
+    done = run([console_script("mergekit-ram"), "inspect", "rel.yaml"], demo.root, network(tmp_path, "offline"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not any("torch_dtype" in line for line in done.stderr.splitlines()), done.stderr
+    assert "WARNING:mergekit_ram" not in done.stderr
+
+
+@pytest.mark.quick
+def test_a_commands_warnings_are_mergekit_ram_lines(tmp_path):
+    """In a command's process our warnings read `mergekit-ram: warning: ...` (mergekit's basicConfig would print
+    `WARNING:mergekit_ram:`); transformers' deprecation line is dropped, and only that line."""
+    import sys
+
+    script = (
+        "import logging, sys\n"
+        "sys.argv = ['mergekit-yaml']\n"
+        "from mergekit_ram import errors\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "errors.show_warnings_as_lines(); errors.quiet_deprecated_dtype()\n"
+        "logging.getLogger('mergekit_ram').warning('mergekit-ram: a said once')\n"
+        "logging.getLogger('mergekit_ram').warning('ramplus: b')\n"
+        "logging.getLogger('transformers.configuration_utils').warning(errors.DEPRECATED_DTYPE)\n"
+        "logging.getLogger('transformers.configuration_utils').warning('another line')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stderr.splitlines() == [
+        "mergekit-ram: warning: a said once",
+        "mergekit-ram: warning: ramplus: b",
+        "WARNING:transformers.configuration_utils:another line",
+    ], done.stderr
+
+
+class _Terminal:
+    """A stderr that says it is a terminal (`tty`) or a log file."""
+
+    def __init__(self, tty: bool):
+        import io
+
+        self.text, self.tty = io.StringIO(), tty
+
+    def write(self, text: str) -> int:
+        return self.text.write(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False], ids=["terminal", "log"])
+def test_our_progress_bars_count_tensors_and_keep_out_of_logs(monkeypatch, tty):
+    import sys
+
+    from mergekit_ram._mergekit import counting
+
+    err = _Terminal(tty)
+    monkeypatch.setattr(sys, "stderr", err)
+    assert list(counting.counted(iter([(1, "a"), (2, "b"), (3, "c")]), 3, "Verifying", quiet=False)) == [
+        (1, "a"), (2, "b"), (3, "c"),
+    ]  # fmt: skip
+    shown = err.text.getvalue()
+    assert "Verifying: 100%" in shown and "3/3" in shown and "tensor" in shown, shown
+    drawn = shown.split("\r")
+    assert len(drawn) > 2 if tty else [part.split("|")[0] for part in drawn if part] == ["Verifying:   0%", "Verifying: 100%"]

@@ -25,7 +25,9 @@ A `ramplus` merge also ends by removing the weight files an earlier merge left i
 folder (`output_checks`); another method's merge removes only a stale `ram_stats.json` of an
 earlier `ramplus` merge there, and `merge_method: ramplus` owned by another package is refused.
 
-`install` also makes an uncaught error of ours one line on stderr (`one_line_errors`, `errors`).
+`install` also makes an uncaught error of ours one line on stderr (`one_line_errors`, `errors`), and, in a command's
+process, our warnings `mergekit-ram: warning: ...` lines; a `ramplus` merge silences transformers' `torch_dtype`
+deprecation line (`errors.quiet_deprecated_dtype`).
 `install` patches only after `surface` accepted the installed mergekit (`surface.check_prepass`, which
 keeps the verdict); otherwise it logs why, and `ramplus` with r > 0 says so when it needs rho.
 """
@@ -52,6 +54,7 @@ def install() -> None:
     from mergekit.plan import MergePlanner
 
     one_line_errors()
+    errors.show_warnings_as_lines()
     method.ask_why_prepass_unavailable(surface.unavailable_reason)
     if not surface.marked(MergePlanner._plan, surface.HOOKED):
         try:
@@ -95,6 +98,7 @@ def install_flat() -> None:
     plan_flat_merge = getattr(module, "plan_flat_merge", None)
     if plan_flat_merge is None or surface.marked(plan_flat_merge, surface.HOOKED):
         return
+    errors.show_warnings_as_lines()
     method.ask_why_prepass_unavailable(surface.unavailable_reason)
     try:
         surface.check_prepass()
@@ -111,6 +115,7 @@ def _merge(door: Any, out_path: str | None, run: Callable[[session.MergeSession,
     device flags and the input files checked before any file is opened, tensors loaded in linear time;
     `run(current, before)` is the rest, as mergekit shapes it at this door (`before`: the output folder's weight
     files, for the removal of an earlier merge's stale ones)."""
+    errors.quiet_deprecated_dtype()  # transformers' line mergekit causes, before mergekit reads a config
     current = door.session(Mode.MERGE)
     with session.active(current):
         pipeline.check_config(current)

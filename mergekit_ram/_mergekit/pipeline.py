@@ -147,7 +147,8 @@ class WriteStatistics(Task[None]):
         from tqdm.contrib.logging import logging_redirect_tqdm  # type: ignore[import-untyped]  # mergekit's
 
         if self.stale:
-            with logging_redirect_tqdm():  # inside mergekit's "Executing graph" bar: each warning on its own line
+            loggers = [logging.root, logging.getLogger("mergekit_ram")]  # ours: shown without propagating
+            with logging_redirect_tqdm(loggers):  # inside mergekit's "Executing graph" bar: each warning on its line
                 output_checks.remove_stale_weights(self.out_path, dict(self.stale))
         write_statistics(self.out_path, self.payload)
 

@@ -17,12 +17,6 @@ READ_HERE = "paths are read from the folder you run in"
 CONFIG_SUFFIXES = (".yml", ".yaml")
 
 
-def expanded(path: str) -> str:
-    """`path` with a leading `~` expanded: the one rule for every option of ours that takes a path (the shell does
-    not expand `~` after `=`, as in `--input-dir=~/copies`)."""
-    return os.path.expanduser(path)
-
-
 def is_relative(path: str) -> bool:
     """Whether `path` is read from the working folder (not absolute, not `~`)."""
     return not os.path.isabs(path) and not path.startswith("~")
@@ -100,12 +94,17 @@ def _is(path: str, kind: str) -> bool:
     return os.path.isdir(path) if kind == "folder" else os.path.isfile(path) if kind == "file" else os.path.exists(path)
 
 
-def missing_input(path: str, kind: str, hint: str) -> str:
-    """verify's line for a recorded input `path` (a `kind`) that is not here: the folder it looked in for a
-    relative one, and how to point at a copy (`hint`: `input_copies.missing_hint`)."""
+def missing_input(path: str, kind: str, otherwise: str) -> str:
+    """verify's line for a recorded input `path` (a `kind`) that is not here: for a relative one, the folder it was
+    looked for in and how to point at a copy; `otherwise` for another path."""
     if not is_relative(path):
-        return f"no such {kind}: {path}{hint}"
+        return otherwise
     return (
-        f"no such {kind} {path} in {os.getcwd()} (a recorded relative input is read from the folder you run in: run "
-        "verify where the merge ran, or give its copies with --input-dir DIR, each named by its label)"
+        f"no such {kind} in {os.getcwd()} (a recorded relative input is read from the folder you run in: run verify "
+        "where the merge ran, or give its copies with --input-dir DIR, each named by its label)"
     )
+
+
+def neither(target: str, hub_said: str) -> str:
+    """`verify TARGET`'s line for an `org/name` that is no folder here and that the Hub did not give (`hub_said`)."""
+    return f"{hub_said}; nor is {target} a folder{looked(target)}{nearest(target)}"

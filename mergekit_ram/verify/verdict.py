@@ -136,9 +136,11 @@ class Outcome:
         return f"{self.name()}: CANNOT CHECK ({len(blocked)} reason{'s' if len(blocked) != 1 else ''}):"
 
     def summary(self) -> str:
-        """What was checked and what was not, in one line."""
-        checked = "; ".join(self.checked) or "nothing"
-        return f"checked: {checked}" + (f". Not checked: {'; '.join(self.not_checked)}" if self.not_checked else "")
+        """What was checked and what was not: a short list, one item a line (`checked: nothing` in one)."""
+        lines = [f"checked:{'' if self.checked else ' nothing'}", *(f"  {item}" for item in self.checked)]
+        if self.not_checked:
+            lines += ["not checked:", *(f"  {item}" for item in self.not_checked)]
+        return "\n".join(lines)
 
     def text(self) -> str:
         """What `mergekit-ram verify` prints."""
