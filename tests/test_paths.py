@@ -345,3 +345,15 @@ def test_our_progress_bars_count_tensors_and_keep_out_of_logs(monkeypatch, tty):
     assert "Verifying: 100%" in shown and "3/3" in shown and "tensor" in shown, shown
     drawn = shown.split("\r")
     assert len(drawn) > 2 if tty else [part.split("|")[0] for part in drawn if part] == ["Verifying:   0%", "Verifying: 100%"]
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_tilde_is_expanded_in_mergekits_path_options(command):
+    import os
+
+    from mergekit_ram import cli
+
+    built = cli.COMMANDS[command][1]()
+    given = built.make_context(command, ["x.yaml", "--transformers-cache=~/hc", "--lora-merge-cache=~/lora"])
+    assert given.params["transformers_cache"] == os.path.expanduser("~/hc")
+    assert given.params["lora_merge_cache"] == os.path.expanduser("~/lora")
