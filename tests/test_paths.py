@@ -357,3 +357,16 @@ def test_tilde_is_expanded_in_mergekits_path_options(command):
     given = built.make_context(command, ["x.yaml", "--transformers-cache=~/hc", "--lora-merge-cache=~/lora"])
     assert given.params["transformers_cache"] == os.path.expanduser("~/hc")
     assert given.params["lora_merge_cache"] == os.path.expanduser("~/lora")
+
+
+def test_a_merge_of_local_folders_asks_the_hub_nothing_online(demo, tmp_path):
+    """Online (a stand-in Hub that answers), folders named like hub ids are local in every step: not one request."""
+    from hub_stub import HubStub
+
+    with HubStub({}, lifetime=600) as stub:
+        env = hub_env(stub.url, tmp_path / "hf")
+        done = run([console_script("mergekit-yaml"), "rel.yaml", str(tmp_path / "out")], demo.root, env)
+        asked = list(stub.requests)
+    assert done.returncode == 0, done.stderr[-3000:]
+    finished(tmp_path / "out")
+    assert asked == []
