@@ -19,8 +19,6 @@ from mergekit_ram import errors
 from mergekit_ram.reporting import versions
 
 PROG = "mergekit-ram"
-#: An agent denser than this is reported as SFT-like (`inspect`).
-DENSE = 0.9
 #: verify's exit code when it cannot check (`verdict.EXIT["cannot check"]`, named here without importing torch)
 CANNOT_CHECK = 3
 
@@ -126,6 +124,8 @@ def _inspect(
 
     from mergekit_ram.core import params
 
+    config = config.expanduser()  # `~` as in every option of ours that takes a path
+    json_path, plot = (None if p is None else p.expanduser() for p in (json_path, plot))
     levels = {0: logging.WARNING, 1: logging.INFO}
     logging.basicConfig(level=levels.get(merge.get("verbosity", 0), logging.DEBUG), format="%(levelname)s: %(message)s")
     if not config.is_file():
@@ -154,29 +154,11 @@ def _inspect(
     done = inspection.inspect(merge_config, options, tensor_union=tensor_union, tensor_intersection=tensor_intersection)
     assert done.report is not None and done.stats is not None
     found = report.with_lambda_for(done.report, r=r, alpha=alpha, lambda_rule=lambda_rule)  # lambda for the flags'
-    chosen, stats = found["parameters"], done.stats
-    totals = stats.totals()
-    labels = report.labels_of(found)
-    print(f"RAM+ statistics of {config} ({found['statistics']}; rho per {chosen['rho_scope']}):")
-    print(tables.format_table(totals.values(), chosen["r"], chosen["alpha"], chosen["lambda_rule"], labels))
-    inputs = found["inputs"]
-    base = f"{found['base_model']} ({inputs[found['base_model']]['model']})"
-    print(f"base: {base}; {sum(t.numel for t in stats.tensors):,} parameters in {len(stats.tensors)} tensors")
-    print(
-        "agents: " + ", ".join(f"{label} ({row['model']})" for label, row in inputs.items() if row["role"] == "agent")
-    )
-    if stats.has_diagnostics:
-        print()
-        print("Diagnostics (share of each agent's update sum |tau| in its unique entries, changes of one dtype step;")
-        print("per pair: entries both changed, the share with the same sign, cosine of the updates there):")
-        print(tables.format_diagnostics(totals.values(), stats.pair_totals(), labels))
-    for agent, s in totals.items():
-        if s.density > DENSE:
-            print(
-                f"warning: {labels[agent]} changes {100 * s.density:.1f}% of the weights: it looks like SFT "
-                "or an fp32 export, not a sparse RL update; RAM then degenerates towards plain averaging",
-                file=sys.stderr,
-            )
+    stats, labels = done.stats, report.labels_of(found)
+    text, warnings = tables.inspect_summary(found, stats, labels, str(config))
+    print(text)
+    for line in warnings:
+        print(line, file=sys.stderr)
     if json_path:
         json_path.write_text(report.dumps(found), encoding="utf-8")
         print(f"wrote {json_path}")
@@ -271,6 +253,7 @@ def _verify(
     `--inputs-from` without `=`, an `--input-dir` that is no folder. Each value is split where the record says
     (`input_copies`: a recorded name may hold `=`). A TARGET that is no local path and reads as `org/name` is
     a merge on the Hub (`hub.parse`), fetched first."""
+    from mergekit_ram.checks import paths
     from mergekit_ram.verify import hub
 
     for option, values, form in (("--input", inputs, "RECORDED=LOCAL"),
@@ -278,6 +261,7 @@ def _verify(
         for pair in values:
             if "=" not in pair.strip("="):
                 raise _UsageError(f"{option} {pair}: expected {form}")
+    input_dir = None if input_dir is None else input_dir.expanduser()  # `--input-dir=~/x`: no shell expands it
     if input_dir is not None and not input_dir.is_dir():
         raise _UsageError(f"--input-dir {input_dir}: no such folder")
     on_hub = hub.parse(str(target))
@@ -285,8 +269,10 @@ def _verify(
     try:
         if on_hub is not None:  # before torch and mergekit load: a repository the Hub lacks is one line at once
             cache = merge.get("transformers_cache")
-            quiet = bool(merge.get("quiet"))  # with --sample, the weights are read by ranges (`ranged`), not fetched
-            published = hub.fetch(*on_hub, cache_dir=cache, quiet=quiet, weights=sample is None)
+            try:  # with --sample, the weights are read by ranges (`ranged`), not fetched
+                published = hub.fetch(*on_hub, cache_dir=cache, quiet=bool(merge.get("quiet")), weights=sample is None)
+            except errors.Unreadable as error:  # neither a folder here nor a merge the Hub gives: say both
+                raise errors.Unreadable(paths.neither(str(target), errors.said(error))) from error
         from mergekit_ram._mergekit import options as merge_options
         from mergekit_ram._mergekit import verification
 
@@ -374,6 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         click.echo(_group.get_help(click.Context(_group, info_name=PROG)), err=True)
         return 2
     command = args[0]
+    errors.show_warnings_as_lines()
+    errors.quiet_deprecated_dtype()
     try:
         _group.main(args, prog_name=PROG, standalone_mode=False)
         return 0

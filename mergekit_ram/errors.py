@@ -140,3 +140,61 @@ def excepthook(previous: Hook) -> Hook:
         return None
 
     return hook
+
+
+# --------------------------------------------------------------------------- #
+# What a command prints beside its answer
+# --------------------------------------------------------------------------- #
+#: transformers' line at every run, caused by mergekit (its configs name `torch_dtype`), with the plugin off too
+DEPRECATED_DTYPE = "`torch_dtype` is deprecated! Use `dtype` instead!"
+#: the transformers modules that say it (their loggers)
+DEPRECATED_DTYPE_FROM = ("transformers.configuration_utils", "transformers.modeling_utils")
+#: the prefix of the plugin's warnings in a command: `mergekit-ram: warning: ...`
+SHOWN_AS = "mergekit-ram"
+
+
+class _DropDeprecatedDtype(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != DEPRECATED_DTYPE
+
+
+def quiet_deprecated_dtype() -> None:
+    """Silence transformers' `torch_dtype` deprecation line, and only that line (idempotent)."""
+    for name in DEPRECATED_DTYPE_FROM:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropDeprecatedDtype) for f in logger.filters):
+            logger.addFilter(_DropDeprecatedDtype())
+
+
+class _Stderr(logging.StreamHandler):
+    """The plugin's log records as `mergekit-ram: warning: ...` on the stderr of the moment."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(_Shown())
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+class _Shown(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage().removeprefix(f"{SHOWN_AS}: ")
+        return f"{SHOWN_AS}: {record.levelname.lower()}: {message}"
+
+
+def show_warnings_as_lines() -> None:
+    """In a command's process (`mergekit-yaml`, `mergekit-pytorch`, `mergekit-multi`, `mergekit-ram`), show the
+    plugin's warnings as `mergekit-ram: warning: ...`, not Python logging's `WARNING:mergekit_ram:`. A program that
+    imports mergekit (a test, a notebook) keeps its own logging. Idempotent."""
+    if not os.path.basename(sys.argv[0] if sys.argv else "").startswith("mergekit"):
+        return
+    logger = logging.getLogger("mergekit_ram")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        logger.addHandler(_Stderr())
+        logger.propagate = False

@@ -63,8 +63,8 @@ class Bar:
 
     made: list[Bar] = []
 
-    def __init__(self, total: int, desc: str):
-        self.total, self.desc, self.count, self.closed = total, desc, 0, False
+    def __init__(self, total: int, desc: str, **options):
+        self.total, self.desc, self.count, self.closed, self.options = total, desc, 0, False, options
         Bar.made.append(self)
 
     def update(self, n: int) -> None:

@@ -532,7 +532,7 @@ def test_stale_file_warning_starts_its_own_line(flat_mlp, tmp_path):
     assert done.returncode == 0, done.stderr
     shown = [line.rsplit("\r", 1)[-1] for line in done.stderr.split("\n")]
     warned = [line for line in shown if "removing" in line]
-    assert len(warned) == 1 and warned[0].startswith("WARNING:mergekit_ram:ramplus: removing "), shown
+    assert len(warned) == 1 and warned[0].startswith("mergekit-ram: warning: ramplus: removing "), shown
     assert not (out / "model-00001-of-00002.safetensors").exists()
 
 

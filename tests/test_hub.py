@@ -351,7 +351,7 @@ def test_code_on_the_hub_is_named_never_fetched(hub, published):
     done, asked = verify_hub(published, hub, "org/extras", "-q")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert "  modeling_custom.py: Python code on the Hub (not fetched), which transformers runs" in done.stdout
-    assert "Not checked: notes.txt (on the Hub, not fetched" in done.stdout
+    assert "not checked:\n  notes.txt (on the Hub, not fetched" in done.stdout
     assert fetched(asked, "org/extras") == FETCHED
     assert "verify ran code" not in done.stdout + done.stderr
 

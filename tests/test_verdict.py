@@ -33,7 +33,11 @@ def test_an_identical_folder_is_a_headline_and_what_was_checked():
     assert outcome.exit_code == 0
     assert outcome.text().splitlines() == [
         f"{FOLDER}: bit-identical, 2 tensors (rho from the statistics cache)",
-        "checked: 2 tensors bit for bit; config.json. Not checked: vocab.json (no check covers it)",
+        "checked:",
+        "  2 tensors bit for bit",
+        "  config.json",
+        "not checked:",
+        "  vocab.json (no check covers it)",
     ]
     outcome.statistics = "computed"
     assert outcome.headline().endswith("2 tensors (rho counted again)")
@@ -69,7 +73,8 @@ def test_a_changed_input_is_cannot_check_and_nothing_recomputed_is_said():
         f"{FOLDER}: CANNOT CHECK (1 reason):",
         "  input A (agent) changed: content_id y now",
         "  (nothing recomputed: the merge was not run again)",
-        "checked: the identities of 1 input(s)",
+        "checked:",
+        "  the identities of 1 input(s)",
     ]
     # identical tensors alone are no verdict: nothing was merged
     assert not Outcome(folder=FOLDER).identical

@@ -117,9 +117,10 @@ def test_verify_passes_on_merges_it_did_not_make(request, run_yaml, capsys, case
     code, out, err = verify(run.out, capsys)
     assert code == 0, out + err
     counted = "" if case in ("r0", "given_rho") else " (rho counted again)"  # r = 0 or rho given: none needed
-    headline, summary = out.strip().splitlines()
+    headline, summary = out.strip().split("\n", 1)  # then what was checked, one item a line
     assert headline == f"{run.out}: bit-identical, {len(run.tensors)} tensors{counted}", out
-    assert summary.startswith("checked: the identities of ") and " tensors bit for bit " in summary, summary
+    assert summary.startswith("checked:\n  the identities of ") and " tensors bit for bit " in summary, summary
+    assert all(line.startswith("  ") for line in summary.splitlines()[1:]), summary
     assert "ram_stats.json's statistics" in summary and "config.json" in summary, summary
     assert read_stats(run.out)["merge"]["entry_point"] == "run_merge"
 
@@ -136,7 +137,7 @@ def test_verify_without_the_compiled_kernel_passes_a_float32_merge(run_yaml, cap
     monkeypatch.setenv("MERGEKIT_RAM_NATIVE", "0")
     code, out, err = verify(run.out, capsys)
     assert code == 0, out + err
-    assert "ram_stats.json's statistics" in out.strip().splitlines()[-1], out
+    assert "\n  ram_stats.json's statistics" in out, out
     base, agents = qwen_fp32.family.base, [qwen_fp32.family.agents[a] for a in "ABC"]
     name = max(base, key=lambda k: base[k].numel())
     torch_sums = kernel.diagnose(base[name], [a[name] for a in agents], 1e-5).pair_sums

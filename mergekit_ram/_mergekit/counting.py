@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -26,6 +27,8 @@ LOG = logging.getLogger("mergekit_ram")
 
 #: The statistics pass runs in at most this many executors (slices of the merge's order, last slice first).
 SLICES = 64
+#: seconds between two draws of our progress bars when stderr is no terminal (a log file)
+LOG_INTERVAL = 60.0
 
 
 #: model -> what identifies its weights (`Plan.identity`)
@@ -130,21 +133,40 @@ def run_reversed(targets: list[Any], options: Any) -> Iterator[tuple[Any, Any]]:
     labels = sorted({label for label, _ in keyed})
     size = -(-len(labels) // SLICES)
     slices = [set(labels[i : i + size]) for i in range(0, len(labels), size)]
+    return counted(_reversed(slices, keyed, options), len(targets), "RAM+ statistics", options.quiet)
+
+
+def _reversed(slices: list[set[str]], keyed: list[tuple[str, Any]], options: Any) -> Iterator[tuple[Any, Any]]:
+    for chunk in reversed(slices):
+        part = [t for label, t in keyed if label in chunk]
+        yield from _executor(part, options).run(quiet=True)
+
+
+def counted(results: Iterator[tuple[Any, Any]], total: int, desc: str, quiet: bool) -> Iterator[tuple[Any, Any]]:
+    """`results` with a progress bar that counts them (one a tensor), closed however they end, so an error starts
+    a line of its own; none when `quiet`. When stderr is no terminal the bar is drawn at most once a minute (tqdm's
+    `mininterval`): a log file holds its first and last state, not a redraw every tenth of a second."""
     bar = None
-    if not options.quiet:
+    if not quiet:
         import tqdm  # type: ignore[import-untyped]  # mergekit's own progress bars
 
-        bar = tqdm.tqdm(total=len(targets), desc="RAM+ statistics")
+        every = LOG_INTERVAL if not _terminal() else 0.1  # tqdm's default on a terminal
+        bar = tqdm.tqdm(total=total, desc=desc, unit="tensor", mininterval=every)
     try:
-        for chunk in reversed(slices):
-            part = [t for label, t in keyed if label in chunk]
-            for item in _executor(part, options).run(quiet=True):
-                if bar is not None:
-                    bar.update(1)
-                yield item
+        for item in results:
+            if bar is not None:
+                bar.update(1)
+            yield item
     finally:
         if bar is not None:
             bar.close()
+
+
+def _terminal() -> bool:
+    try:
+        return bool(sys.stderr.isatty())
+    except (AttributeError, ValueError):  # no stderr, or a closed one
+        return False
 
 
 def run_as_merge(targets: list[Any], options: Any, *, desc: str) -> Iterator[tuple[Any, Any]]:
@@ -154,8 +176,8 @@ def run_as_merge(targets: list[Any], options: Any, *, desc: str) -> Iterator[tup
         from mergekit.multigpu_executor import MultiGPUExecutor
 
         executor = MultiGPUExecutor(targets=targets, storage_device=None if options.low_cpu_memory else "cpu")
-        return executor.run(quiet=options.quiet)
-    return _executor(targets, options).run(quiet=options.quiet, desc=desc)
+        return counted(executor.run(quiet=True), len(targets), desc, options.quiet)
+    return counted(_executor(targets, options).run(quiet=True), len(targets), desc, options.quiet)
 
 
 def _executor(targets: list[Any], options: Any) -> Any:

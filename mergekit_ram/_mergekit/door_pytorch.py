@@ -16,7 +16,7 @@ from typing import Any
 
 from mergekit_ram import errors
 from mergekit_ram._mergekit import counting, flat, surface, tasks
-from mergekit_ram.checks import input_checks
+from mergekit_ram.checks import input_checks, paths
 from mergekit_ram.core import cache
 from mergekit_ram.method import resolves_to_ours
 from mergekit_ram.reporting import report
@@ -117,7 +117,8 @@ class PytorchDoor:
         """A copy's under the recorded file's name: the merge reads the file, never its name."""
         path = str(model)
         if not os.path.exists(path):
-            raise FileNotFoundError(f"no such file{input_copies.missing_hint(self.copies)}")
+            hint = input_copies.missing_hint(self.copies)
+            raise FileNotFoundError(paths.missing_input(path, "file", f"no such file{hint}"))
         name = os.path.basename(self.labels.get(path, path))
         return counting.identity(path, seen, lambda _: _named(cache.file_identity(path), name))
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from mergekit_ram import errors
 from mergekit_ram._mergekit import counting, planner, surface, tasks
-from mergekit_ram.checks import input_checks, output_checks
+from mergekit_ram.checks import input_checks, output_checks, paths
 from mergekit_ram.method import resolves_to_ours
 from mergekit_ram.reporting import report
 from mergekit_ram.session import MergeSession, Mode
@@ -37,6 +37,8 @@ class YamlDoor:
     record: dict | None = None
     copies: Mapping[str, str] = {}
     labels: Mapping[str, str] = {}
+    #: `verify`: the recorded inputs the merge read from a local folder (an identity without a hub revision)
+    local: frozenset[str] = frozenset()
     where = planned_from = record_checks.CONFIG_FILE
 
     def __init__(self, config: Any, options: Any, *, run_merge: bool = False, card: bool = False):
@@ -72,6 +74,8 @@ class YamlDoor:
         LoaderCache().setup(options=options)
         door = cls(config, options)
         door.record, door.labels, door.copies, door.where = record, labels, copies, path
+        rows = record_checks.recorded_inputs(recorded)
+        door.local = frozenset(row.model for row in rows if row.identity and "revision" not in row.identity)
         return door
 
     def session(
@@ -107,8 +111,11 @@ class YamlDoor:
         from mergekit.io.tasks import LoaderCache
 
         path = model.model.path
-        if os.path.isabs(path) and not os.path.exists(path):
-            raise FileNotFoundError(f"no such folder: {path}{input_copies.missing_hint(self.copies)}")
+        if not os.path.exists(path) and (
+            not paths.hub_id_form(path) or self.labels.get(str(model), str(model)) in self.local
+        ):
+            said = f"no such folder: {path}{input_copies.missing_hint(self.copies)}"
+            raise FileNotFoundError(paths.missing_input(path, "folder", said))  # never asked of the Hub
         LoaderCache().get(model)
         return counting.identity(model, seen)
 

@@ -11,6 +11,9 @@
 - `MergePlanner.plan_to_disk`: refuse an output folder inside an input model,
   drop a stale `ram_stats.json` there, and queue the new one;
 - `mergekit.merge.generate_card`: append the "RAM+ statistics" section;
+- `mergekit.card.is_hf` (the card's question whether a model is on the Hub), in a `ramplus` merge: a model that
+  is a local file or folder is local, never asked of the Hub, and a question the Hub cannot answer (offline,
+  unreachable) makes it local too: a finished merge is not lost to the card's metadata;
 - `mergekit.scripts.merge_raw_pytorch.plan_flat_merge` (`mergekit-pytorch`, whose `main` looks it up
   in its module when it runs): a `ramplus` config is planned as one
   `MergeSession` on the same pipeline: input files and the output folder
@@ -22,7 +25,9 @@ A `ramplus` merge also ends by removing the weight files an earlier merge left i
 folder (`output_checks`); another method's merge removes only a stale `ram_stats.json` of an
 earlier `ramplus` merge there, and `merge_method: ramplus` owned by another package is refused.
 
-`install` also makes an uncaught error of ours one line on stderr (`one_line_errors`, `errors`).
+`install` also makes an uncaught error of ours one line on stderr (`one_line_errors`, `errors`), and, in a command's
+process, our warnings `mergekit-ram: warning: ...` lines; a `ramplus` merge silences transformers' `torch_dtype`
+deprecation line (`errors.quiet_deprecated_dtype`).
 `install` patches only after `surface` accepted the installed mergekit (`surface.check_prepass`, which
 keeps the verdict); otherwise it logs why, and `ramplus` with r > 0 says so when it needs rho.
 """
@@ -49,6 +54,7 @@ def install() -> None:
     from mergekit.plan import MergePlanner
 
     one_line_errors()
+    errors.show_warnings_as_lines()
     method.ask_why_prepass_unavailable(surface.unavailable_reason)
     if not surface.marked(MergePlanner._plan, surface.HOOKED):
         try:
@@ -78,6 +84,9 @@ def install_merge() -> None:
     surface.wrap(merge, "run_merge", _run_merge, surface.HOOKED)
     if getattr(merge, "generate_card", None) is not None:
         surface.wrap(merge, "generate_card", _generate_card, surface.HOOKED)
+    card_module: Any = sys.modules.get("mergekit.card")  # imported by mergekit.merge
+    if card_module is not None and not surface.marked(card_module.is_hf, surface.HOOKED):
+        surface.wrap(card_module, "is_hf", _is_hf, surface.HOOKED)
 
 
 def install_flat() -> None:
@@ -89,6 +98,7 @@ def install_flat() -> None:
     plan_flat_merge = getattr(module, "plan_flat_merge", None)
     if plan_flat_merge is None or surface.marked(plan_flat_merge, surface.HOOKED):
         return
+    errors.show_warnings_as_lines()
     method.ask_why_prepass_unavailable(surface.unavailable_reason)
     try:
         surface.check_prepass()
@@ -105,6 +115,7 @@ def _merge(door: Any, out_path: str | None, run: Callable[[session.MergeSession,
     device flags and the input files checked before any file is opened, tensors loaded in linear time;
     `run(current, before)` is the rest, as mergekit shapes it at this door (`before`: the output folder's weight
     files, for the removal of an earlier merge's stale ones)."""
+    errors.quiet_deprecated_dtype()  # transformers' line mergekit causes, before mergekit reads a config
     current = door.session(Mode.MERGE)
     with session.active(current):
         pipeline.check_config(current)
@@ -195,6 +206,24 @@ def _generate_card(generate: Callable[..., str]) -> Callable[..., str]:
         return text.rstrip("\n") + "\n\n" + card.card_section(current.report)
 
     return generate_card
+
+
+def _is_hf(original: Callable[[str], bool]) -> Callable[[str], bool]:
+    """mergekit's card links a model to the Hub when `is_hf` says it is a repository: it asks the Hub about a
+    path that exists here (`huggingface_hub.repo_exists`), which raises offline or unreachable, after the merge
+    wrote every tensor. In a `ramplus` merge, a path that exists is local; an error is "not on the Hub"."""
+
+    def is_hf(path: str) -> bool:
+        if session.current() is None:  # another method's merge: mergekit's own answer
+            return original(path)
+        if os.path.exists(path):
+            return False
+        try:
+            return original(path)  # a path that is not here: a hub id, said without asking
+        except Exception:  # the card's link is not worth the merge
+            return False
+
+    return is_hf
 
 
 def _session_for(planner: Any) -> session.MergeSession:

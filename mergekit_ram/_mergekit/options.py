@@ -10,6 +10,7 @@ mergekit that adds, drops or changes an option fails there.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
@@ -56,9 +57,20 @@ WRITES = (
 )
 
 
+#: the merge options that take a path: `~` expanded, as in every path option of ours (no shell expands `--x=~/y`)
+PATHS = frozenset({"transformers_cache", "lora_merge_cache"})
+
+
+def _home(_context: Any, _option: Any, value: Any) -> Any:
+    return os.path.expanduser(value) if isinstance(value, str) else value
+
+
 def _declarations(name: str, kind: type) -> tuple[list[str], dict[str, Any]]:
-    """The names and settings `add_merge_options` gives field `name` (and `-q` for `--quiet`)."""
+    """The names and settings `add_merge_options` gives field `name` (and `-q` for `--quiet`; `~` expanded in a
+    path, `PATHS`)."""
     flag = name.replace("_", "-")
+    if name in PATHS:
+        return [f"--{flag}"], {"callback": _home}
     if name == "verbosity":
         return ["-v", "verbosity"], {"count": True}
     if name == "num_threads":

@@ -188,7 +188,9 @@ class WriteStatistics(Task[None]):
         from tqdm.contrib.logging import logging_redirect_tqdm  # type: ignore[import-untyped]  # mergekit's
 
         if self.stale:
-            with logging_redirect_tqdm():  # inside mergekit's "Executing graph" bar: each warning on its own line
+            ours = logging.getLogger("mergekit_ram")  # a command's shows its own lines (errors.show_warnings_as_lines)
+            loggers = [logging.root, *([] if ours.propagate else [ours])]
+            with logging_redirect_tqdm(loggers):  # inside mergekit's "Executing graph" bar: each warning on its line
                 output_checks.remove_stale_weights(self.out_path, dict(self.stale))
         write_statistics(self.out_path, self.payload)
 

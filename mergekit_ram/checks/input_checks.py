@@ -3,7 +3,6 @@ and tensors that cannot be merged as floats (each error names the file, model an
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 import zipfile
@@ -11,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mergekit_ram import files
+from mergekit_ram.checks import paths
 from mergekit_ram.errors import RamError
 
 LOG = logging.getLogger("mergekit_ram")
@@ -29,14 +29,16 @@ def check_input_paths(config: Any, cache_dir: str | None = None) -> None:
     """Each input model (and LoRA) of a `mergekit-yaml` config is a folder, or a hub id the hub knows, before
     mergekit asks the hub for it: a mistyped path was 65 lines and two tracebacks ending in huggingface_hub's
     "Repo id must be in the form ...". A file is `mergekit-pytorch`'s input: said so. `cache_dir`: mergekit's
-    `--transformers-cache`, where an offline hub id must be."""
+    `--transformers-cache`, where an offline hub id must be. A relative path is read from the working folder: a
+    line about one names that folder, and the same path read from the config's folder where it is one."""
+    config_dir = paths.config_folder()
     for model in config.referenced_models():
         for what, path in (("input model", model.model), ("LoRA of input model", model.lora)):
             if path is not None:
-                _check_model_path(what, path.path, path.revision, cache_dir)
+                _check_model_path(what, path.path, path.revision, cache_dir, config_dir)
 
 
-def _check_model_path(what: str, path: str, revision: str | None, cache_dir: str | None) -> None:
+def _check_model_path(what: str, path: str, revision: str | None, cache_dir: str | None, config_dir: str | None):
     if os.path.isdir(path):
         return
     if os.path.lexists(path):
@@ -44,60 +46,42 @@ def _check_model_path(what: str, path: str, revision: str | None, cache_dir: str
             f"{what} {path} is a file, not a model folder: mergekit-yaml merges folders (config.json beside the "
             "weights); for models that are single files (.pt, .safetensors), use mergekit-pytorch with this config"
         )
-    try:
-        from huggingface_hub.utils import validate_repo_id
-
-        validate_repo_id(path)  # absolute, ./, ../, ~, a/b/c: no hub id
-    except ValueError:
-        raise RamError(f"{what} {path}: no such folder{_nearest(path)}") from None
+    here, near = paths.looked(path, "folder", config_dir), paths.nearest(path, "folder")
+    if not paths.hub_id_form(path):  # absolute, ./, ../, ~, a/b/c: no hub id
+        raise RamError(f"{what} {path}: no such folder{here}{near}")
     known, where = _on_hub(path, revision, cache_dir)
-    near = _nearest(path)
     named = f"{path}@{revision}" if revision else path
     if known is False:
-        raise RamError(f"{what} {named} is neither a folder nor {where}{near}")
+        raise RamError(f"{what} {named} is neither a folder{here} nor {where}{near}")
+    if known is None and not _cached(path, cache_dir):  # offline or unreachable: mergekit would retry, then fail
+        raise RamError(f"{what} {named} is neither a folder{here} nor in the hub cache, and {where}{near}")
     if known is None and near.startswith("; did you mean"):  # a local typo, most likely: mergekit would fail too
-        raise RamError(f"{what} {named}: no such folder{near} ({where})")
+        raise RamError(f"{what} {named}: no such folder{here}{near} ({where})")
+
+
+def _cached(repo: str, cache_dir: str | None) -> bool:
+    from huggingface_hub import constants
+
+    return os.path.isdir(os.path.join(cache_dir or constants.HF_HUB_CACHE, "models--" + repo.replace("/", "--")))
 
 
 def _on_hub(repo: str, revision: str | None, cache_dir: str | None) -> tuple[bool | None, str]:
     """Whether the hub has model `repo` at `revision` (None: it cannot tell), and where it was looked for. Under
-    HF_HUB_OFFLINE, whether the hub cache holds it: nothing is asked."""
+    HF_HUB_OFFLINE, whether the hub cache holds it: nothing is asked. Asked once, never retried."""
     from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     if constants.HF_HUB_OFFLINE:
-        cached = os.path.join(cache_dir or constants.HF_HUB_CACHE, "models--" + repo.replace("/", "--"))
-        return os.path.isdir(cached), "in the hub cache (HF_HUB_OFFLINE is set)"
+        return _cached(repo, cache_dir), "in the hub cache (HF_HUB_OFFLINE is set)"
     try:
         HfApi().repo_info(repo, revision=revision, repo_type="model")
     except GatedRepoError:  # it exists; mergekit says what access it needs
         return True, ""
     except (RepositoryNotFoundError, RevisionNotFoundError):  # also private without a token: the hub says 401
         return False, "a model on the hub (a private one needs `hf auth login`)"
-    except Exception as error:  # no network, a server error: mergekit's own call may fare better
-        return None, f"the hub could not be asked: {type(error).__name__}"
+    except Exception as error:  # no network, a server error: the cache may hold it
+        return None, f"the hub at {constants.ENDPOINT} could not be asked ({type(error).__name__})"
     return True, ""
-
-
-def _nearest(path: str) -> str:
-    """'; did you mean X?' for the existing path nearest to `path`, each missing part matched among the entries
-    of the folder above it (difflib); else '; the nearest existing folder is X'; '' when there is none."""
-    home = os.path.expanduser(path)
-    if home != path and os.path.exists(home):
-        return f"; did you mean {home}? (mergekit does not expand ~)"
-    found = os.sep if os.path.isabs(path) else ""
-    for part in os.path.normpath(path).split(os.sep):
-        step = os.path.join(found, part)
-        if part and not os.path.exists(step):
-            try:
-                close = difflib.get_close_matches(part, sorted(os.listdir(found or os.curdir)), n=1, cutoff=0.6)
-            except OSError:
-                close = []
-            if not close:
-                return f"; the nearest existing folder is {found}" if found not in ("", os.sep) else ""
-            step = os.path.join(found, close[0])
-        found = step
-    return f"; did you mean {found}?"
 
 
 def check_input_files(config: Any) -> None:
@@ -130,7 +114,7 @@ def check_input_file(path: str) -> None:
     """One input file of `mergekit-pytorch` (a model is one file there): it exists and is a file, a
     safetensors file safetensors opens, or a PyTorch pickle that holds tensors only (`check_pickle`)."""
     if not os.path.exists(path):
-        raise RamError(f"input file {path} does not exist{_nearest(path)}")
+        raise RamError(f"input file {path} does not exist{paths.where(path, 'file', paths.config_folder())}")
     if os.path.isdir(path):
         raise RamError(
             f"input {path} is a folder: mergekit-pytorch merges single files (.safetensors or a PyTorch "

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from mergekit_ram.core.params import DEFAULTS
-from mergekit_ram.core.statistics import AgentStats, PairStats
+from mergekit_ram.core.statistics import AgentStats, PairStats, Statistics
 
 
 def format_table(
@@ -132,3 +132,35 @@ def _fmt(value) -> str:
 
 def _pct(value) -> str:
     return "—" if value is None else f"{100 * value:.2f}%"
+
+
+#: An agent denser than this is reported as SFT-like (`inspect`).
+DENSE = 0.9
+
+
+def inspect_summary(found: Mapping, stats: Statistics, labels: Mapping[str, str], source: str) -> tuple[str, list[str]]:
+    """What `inspect` prints of a report (`found`, with λ for the flags' parameters) and its statistics: the table,
+    the base and agents, the diagnostics when counted; and its warnings (an agent so dense it looks like SFT or an
+    fp32 export)."""
+    chosen, totals, inputs = found["parameters"], stats.totals(), found["inputs"]
+    base = f"{found['base_model']} ({inputs[found['base_model']]['model']})"
+    lines = [
+        f"RAM+ statistics of {source} ({found['statistics']}; rho per {chosen['rho_scope']}):",
+        format_table(totals.values(), chosen["r"], chosen["alpha"], chosen["lambda_rule"], labels),
+        f"base: {base}; {sum(t.numel for t in stats.tensors):,} parameters in {len(stats.tensors)} tensors",
+        "agents: " + ", ".join(f"{label} ({row['model']})" for label, row in inputs.items() if row["role"] == "agent"),
+    ]
+    if stats.has_diagnostics:
+        lines += [
+            "",
+            "Diagnostics (share of each agent's update sum |tau| in its unique entries, changes of one dtype step;",
+            "per pair: entries both changed, the share with the same sign, cosine of the updates there):",
+            format_diagnostics(totals.values(), stats.pair_totals(), labels),
+        ]
+    warnings = [
+        f"warning: {labels[agent]} changes {100 * s.density:.1f}% of the weights: it looks like SFT "
+        "or an fp32 export, not a sparse RL update; RAM then degenerates towards plain averaging"
+        for agent, s in totals.items()
+        if s.density > DENSE
+    ]
+    return "\n".join(lines), warnings

@@ -146,10 +146,12 @@ class Outcome:
         return f"{self.name()}: CANNOT CHECK ({len(blocked)} reason{'s' if len(blocked) != 1 else ''}):"
 
     def summary(self) -> str:
-        """What was checked and what was not, in one line."""
-        checked = "; ".join(self.checked) or "nothing"
+        """What was checked and what was not: a short list, one item a line (`checked: nothing` in one)."""
         unchecked = self.not_checked + (self._unsampled() if self.merged else [])
-        return f"checked: {checked}" + (f". Not checked: {'; '.join(unchecked)}" if unchecked else "")
+        lines = [f"checked:{'' if self.checked else ' nothing'}", *(f"  {item}" for item in self.checked)]
+        if unchecked:
+            lines += ["not checked:", *(f"  {item}" for item in unchecked)]
+        return "\n".join(lines)
 
     def _unsampled(self) -> list[str]:
         """What a sample leaves unchecked."""

@@ -343,8 +343,8 @@ MISSING = {
     "absolute": ("{work}/agnts/tool", ".", "did you mean {work}/agents/tool?"),
     "./": ("./agents/tol", ".", "did you mean agents/tool?"),
     "../": ("../agents/tol", "agents", "did you mean ../agents/tool?"),
-    "org/name, offline": ("agents/tol", ".", "neither a folder nor in the hub cache (HF_HUB_OFFLINE is set); did "
-                          "you mean agents/tool?"),  # fmt: skip
+    "org/name, offline": ("agents/tol", ".", "neither a folder in {work} nor in the hub cache (HF_HUB_OFFLINE is "
+                          "set); did you mean agents/tool?"),  # fmt: skip
 }
 
 
@@ -377,7 +377,8 @@ def test_an_org_name_the_hub_does_not_know_is_named(rel, qwen_bf16, workdir, tmp
     with HubStub({}, lifetime=600) as stub:
         done = _cli("mergekit-yaml", config, tmp_path / "out", cwd=workdir, env=hub_env(stub.url, tmp_path / "hf"))
         asked = [(method, path.split("?")[0]) for method, path, _ in stub.requests]
-    _one_line(rel, done, "input model agents/tol is neither a folder nor a model on the hub", "agents/tool")
+    _one_line(rel, done, f"input model agents/tol is neither a folder in {workdir} nor a model on the hub",
+              "agents/tool")  # fmt: skip
     assert asked == [("GET", "/api/models/agents/tol")], asked
     no_weights(tmp_path / "out")
 
