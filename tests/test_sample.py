@@ -130,7 +130,9 @@ def _draws(out: Path, capsys, seeds=range(12), share: str = "0.2") -> dict[int, 
 def test_a_sample_of_a_folder_says_what_it_checked(qwen_bf16, folder, capsys, tensor_reads):
     code, text, err = tv.verify(folder, capsys, "--sample", "0.2", "--sample-seed", "7")
     assert code == 0, text + err
-    headline, odds, summary = text.strip().splitlines()
+    headline, odds, *summary_lines = text.strip().splitlines()
+    summary = "\n".join(summary_lines)  # checked: and not checked:, one item a line
+    assert summary_lines[0] == "checked:" and "not checked:" in summary_lines
     assert headline.startswith(f"{folder}: no difference in a sample of ") and headline.endswith(", seed 7)")
     assert "bit-identical" not in text and "passes a sample like this with a chance of at most" in odds
     assert "the bits of the " in summary and "tensors not drawn" in summary
