@@ -209,12 +209,27 @@ def _ranges(n: int, split: bool | None = None):
 
 
 def _map(fn, n: int):
-    global _pool
     if n == 1:
         return [fn(0)]
+    return list(_workers(n).map(fn, range(n)))
+
+
+def _workers(n: int) -> ThreadPoolExecutor:
+    global _pool
     if _pool is None or _pool._max_workers < n:
         _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="mergekit-ram")
-    return list(_pool.map(fn, range(n)))
+    return _pool
+
+
+def in_pool(fn, n: int) -> list:
+    """[fn(0), ..., fn(n - 1)] on the pool's threads, even for n = 1 (the torch path's loops: each of its threads
+    sets torch to one thread of its own, which torch also records as the default; this puts the caller's back)."""
+    threads = torch.get_num_threads()
+    try:
+        return list(_workers(n).map(fn, range(n)))
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def _declare(lib):
