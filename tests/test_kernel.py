@@ -414,7 +414,7 @@ def test_native_allocation_failure_is_named_and_an_overflow_keeps_its_message(
 
     if backend != "native":
         pytest.skip("the native loops' allocation")
-    lib, name = native.library(), native._NAMES[dtype]
+    lib, name = native.library(), native._NAMES[str(dtype)]
     assert getattr(lib, f"{fn}_scratch")(3) == 3 * scratch  # per agent: a mask byte (and a float32 delta) per entry
     base, agents, _ = make_case(3, dtype, shape=(10, 9), seed=2)
     with monkeypatch.context() as m:

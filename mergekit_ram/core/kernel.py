@@ -66,7 +66,7 @@ def count(
         if bad:
             _raise_non_finite(base, agents, names, tensor_name, base_name)
         return totals
-    table, peaks = portable.count_chunks(base, agents, epsilon, _chunk(base, chunk), diagnose=False)
+    table, peaks = portable.count_chunks(base, agents, epsilon, _chunk(base, chunk), native.in_pool, diagnose=False)
     _check_finite(peaks, base, agents, names, tensor_name, base_name)
     return table.sum(dim=0).view(n, 3).to(torch.int64)
 
@@ -129,7 +129,7 @@ def diagnose(
         ints = torch.zeros(4 * n + 2 * p, dtype=torch.int64, device=base.device)
         sums = torch.zeros(2 * n + 3 * p, dtype=torch.float64, device=base.device)
     else:
-        table, peaks = portable.count_chunks(base, agents, epsilon, _chunk(base, chunk), diagnose=True)
+        table, peaks = portable.count_chunks(base, agents, epsilon, _chunk(base, chunk), native.in_pool, diagnose=True)
         _check_finite(peaks, base, agents, names, tensor_name, base_name)
         row = table.sum(dim=0)  # the chunks' rows in chunk order: the same bits for any number of threads
         ints = torch.cat([row[: 4 * n], row[6 * n : 6 * n + 2 * p]]).to(torch.int64)
@@ -188,10 +188,10 @@ def merge(
         if found & native.NON_FINITE_RESULT:
             _raise_non_finite_result(base, agents, lambdas, epsilon, out, names, tensor_name)
         return out
-    finite = portable.merge_into(base, agents, lambdas, epsilon, flat_out, _chunk(base, chunk))
+    finite = portable.merge_into(base, agents, lambdas, epsilon, flat_out, _chunk(base, chunk), native.in_pool)
     if not bool(finite):  # a NaN or Inf input, a task vector beyond float32 or a result beyond out_dtype
         _check_finite(
-            portable.count_chunks(base, agents, epsilon, _chunk(base, chunk), diagnose=False)[1],
+            portable.count_chunks(base, agents, epsilon, _chunk(base, chunk), native.in_pool, diagnose=False)[1],
             base,
             agents,
             names,

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
-
-from mergekit_ram.core import native
 
 #: the integer view of each compute dtype's bits, and the shift that turns 1.0's bits into 1
 _BITS = {torch.float32: (torch.int32, 29), torch.float64: (torch.int64, 61)}
@@ -50,9 +49,13 @@ def compute_dtype(base: torch.Tensor, agents: Sequence[torch.Tensor]) -> torch.d
     return torch.float64 if promoted(base, agents) == torch.float64 else torch.float32
 
 
-def _shared_out(numel: int, step: int, device: torch.device, work: Callable[[list[tuple[int, int]]], object]) -> list:
-    """`work(chunks)` for each thread's run of chunks, in order; on the CPU in `native`'s pool (torch on one
-    thread in each), elsewhere inline (a GPU queues its kernels: one host thread is enough)."""
+#: `native.in_pool`, which `kernel` hands in: `fn(i)` for i < n on the process's pool of threads, in order
+Pool = Callable[[Callable[[int], Any], int], list]
+
+
+def _shared_out(numel: int, step: int, device: torch.device, work: Callable[[list], Any], pool: Pool) -> list:
+    """`work(chunks)` for each thread's run of chunks, in order; on the CPU in the pool (torch on one thread in
+    each), elsewhere inline (a GPU queues its kernels: one host thread is enough)."""
     chunks = [(s, min(s + step, numel)) for s in range(0, numel, step)]
     if device.type != "cpu":
         with torch.no_grad():
@@ -60,7 +63,7 @@ def _shared_out(numel: int, step: int, device: torch.device, work: Callable[[lis
     threads = max(1, min(torch.get_num_threads(), len(chunks)))
     share = -(-len(chunks) // threads)
     runs = [chunks[i : i + share] for i in range(0, len(chunks), share)]
-    return native.in_pool(lambda i: _one_thread(work, runs[i]), len(runs))
+    return pool(lambda i: _one_thread(work, runs[i]), len(runs))
 
 
 _local = threading.local()
@@ -85,7 +88,7 @@ def _masks(base, agents, start, stop, bk, d, m) -> None:
     torch.abs(d[:, :k], out=m[:, :k])
 
 
-def count_chunks(base, agents, epsilon: float, step: int, *, diagnose: bool) -> tuple[torch.Tensor, ...]:
+def count_chunks(base, agents, epsilon: float, step: int, pool: Pool, *, diagnose: bool) -> tuple[torch.Tensor, ...]:
     """Per chunk, in chunk order: float64 rows of counts (and, with `diagnose`, of the diagnostics), plus each
     agent's largest |delta| (NaN or Inf when one is)."""
     n, numel, device = len(agents), base.numel(), base.device
@@ -121,7 +124,7 @@ def count_chunks(base, agents, epsilon: float, step: int, *, diagnose: bool) -> 
             rows.append(_diagnostics(flat_base, flat_agents, start, stop, key_dtype, mk, dk, size_k, hk, counts, upper))
         return torch.stack(rows), peaks
 
-    found = _shared_out(numel, step, device, work)
+    found = _shared_out(numel, step, device, work, pool)
     table = torch.cat([rows for rows, _ in found])
     peaks = torch.stack([p for _, p in found]).amax(dim=0)
     return table, peaks
@@ -168,7 +171,7 @@ def _ordered(bits: torch.Tensor) -> torch.Tensor:
     return bits.bitwise_xor_(sign.bitwise_and(magnitude)).sub_(sign)
 
 
-def merge_into(base, agents, lambdas: Sequence[float], epsilon: float, flat_out: torch.Tensor, step: int):
+def merge_into(base, agents, lambdas: Sequence[float], epsilon: float, flat_out: torch.Tensor, step: int, pool: Pool):
     """Eq. 7 into `flat_out`; returns a 0-dim tensor, 1.0 when every result is finite as rounded into it."""
     n, numel, device = len(agents), base.numel(), base.device
     cdtype = compute_dtype(base, agents)
@@ -206,7 +209,7 @@ def merge_into(base, agents, lambdas: Sequence[float], epsilon: float, flat_out:
             fine[:k].mul_(torch.le(ok, largest, out=ok))  # NaN: 0.0
         return fine.amin()
 
-    return torch.stack(_shared_out(numel, step, device, work)).amin()
+    return torch.stack(_shared_out(numel, step, device, work, pool)).amin()
 
 
 def _select(into: torch.Tensor, other: torch.Tensor, flag: torch.Tensor, shift: int) -> None:
