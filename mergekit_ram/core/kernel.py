@@ -117,15 +117,7 @@ def diagnose(
         ints, sums, bad = native.diagnose(base, agents, epsilon, tensor_name)
         if bad:
             _raise_non_finite(base, agents, names, tensor_name, base_name)
-        per = ints[: 4 * n].view(n, 4)
-        return Diagnosis(
-            counts=per[:, :3].clone(),
-            single=per[:, 3].clone(),
-            magnitude=sums[: 2 * n].view(n, 2).clone(),
-            pair_counts=ints[4 * n :].view(p, 2).clone(),
-            pair_sums=sums[2 * n :].view(p, 3).clone(),
-        )
-    if n == 0 or base.numel() == 0:
+    elif n == 0 or base.numel() == 0:
         ints = torch.zeros(4 * n + 2 * p, dtype=torch.int64, device=base.device)
         sums = torch.zeros(2 * n + 3 * p, dtype=torch.float64, device=base.device)
     else:
