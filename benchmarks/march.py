@@ -4,10 +4,11 @@
     python benchmarks/march.py [--numel 11534336] [--rounds 5] [--repeats 5]
 
 Builds the kernel with each set of flags into a temporary folder (the flags `native` uses, less `-march=native`,
-plus each target's), then times the three loops of each build on one bf16 tensor and 3 agents (as
+plus each target's), then times the three loops of each build on one thread, on one bf16 tensor and 3 agents (as
 `kernel_cost.py`), the builds alternated round by round so a busy machine slows them alike; prints each loop's
 median over rounds (each round's figure the median of --repeats calls) and checks that every build gives the first
-build's counts, diagnostics and merged bits. `torch` is the kernel's portable path (`MERGEKIT_RAM_NATIVE=0`).
+build's counts, diagnostics and merged bits. `--torch` adds the kernel's portable path (what runs without a
+compiler), on one thread too.
 """
 
 from __future__ import annotations
@@ -46,6 +47,42 @@ def case(numel: int):
     return base, agents
 
 
+def loops(lib, base, agents, lambdas):
+    """The three loops of one build on one thread, as `native` calls them: (count, diagnose, merge) callables."""
+    n, numel = len(agents), base.numel()
+    ptrs = (ctypes.c_void_p * n)(*[a.data_ptr() for a in agents])
+    lams = (ctypes.c_float * n)(*lambdas)
+    counts = torch.zeros(n, 3, dtype=torch.int64)
+    ints = torch.zeros(4 * n + n * (n - 1), dtype=torch.int64)
+    rows = torch.zeros(-(-numel // native.SPAN), 2 * n + 3 * (n * (n - 1) // 2), dtype=torch.float64)
+    out = torch.empty_like(base)
+    eps = ctypes.c_float(1e-5)
+
+    def count():
+        counts.zero_()
+        lib.count_bf16(base.data_ptr(), ptrs, n, eps, numel, counts.data_ptr())
+        return counts.clone()
+
+    def diagnose():
+        ints.zero_()
+        rows.zero_()
+        lib.diagnose_bf16(base.data_ptr(), ptrs, n, eps, numel, native.SPAN, ints.data_ptr(), rows.data_ptr())
+        return torch.cat([ints.double(), rows.sum(dim=0)])
+
+    def merge():
+        lib.merge_bf16_bf16(base.data_ptr(), ptrs, n, lams, eps, numel, out.data_ptr())
+        return out.clone()
+
+    return count, diagnose, merge
+
+
+def portable_loops(base, agents, lambdas):
+    """The torch path's loops (what runs without a compiler), through `kernel` with an explicit chunk."""
+    chunk = kernel.CHUNK_CPU
+    return (lambda: kernel.count(base, agents, 1e-5, chunk=chunk), lambda: kernel.diagnose(base, agents, 1e-5, chunk=chunk),
+            lambda: kernel.merge(base, agents, lambdas, 1e-5, chunk=chunk))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--numel", type=int, default=2048 * 5632, help="entries (default: one G1 MLP matrix)")
@@ -56,48 +93,41 @@ def main(argv: list[str] | None = None) -> None:
     compiler = build.find_compiler()
     if not compiler:
         raise SystemExit("no C compiler")
+    torch.set_num_threads(1)  # one thread for every build and for torch: the loops' own speed
     base, agents = case(args.numel)
     lambdas = [1.1, 0.9, 1.2]
-    libs = {}
+    runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, flags in TARGETS.items():
-            out = Path(tmp) / f"{len(libs)}.so"
+            out = Path(tmp) / f"{len(runs)}.so"
             done = subprocess.run([compiler, *COMMON, *flags, "-o", str(out), str(build.SOURCE), "-lm"],
                                   capture_output=True, text=True)
             if done.returncode:
                 print(f"{name}: does not build ({done.stderr.strip().splitlines()[-1]})")
                 continue
-            libs[name] = native._declare(ctypes.CDLL(str(out)))
-    times: dict[str, dict[str, list[float]]] = {name: {"count": [], "diagnose": [], "merge": []} for name in libs}
-    if args.torch:
-        times["torch (no build)"] = {"count": [], "diagnose": [], "merge": []}
-    reference = None
-    for _ in range(args.rounds):
-        for name in times:
-            native._lib = libs.get(name)
-            if name not in libs:
-                native._failed = "timing the torch loops"
-            found = (kernel.count(base, agents, 1e-5), kernel.diagnose(base, agents, 1e-5),
-                     kernel.merge(base, agents, lambdas, 1e-5))
-            bits = (found[0], found[1].counts, found[1].single, found[1].pair_counts, found[2])
-            if name in libs:
-                bits += (found[1].magnitude, found[1].pair_sums)
-            if reference is None:
-                reference = bits
-            assert all(torch.equal(x, y) for x, y in zip(bits, reference, strict=False)), f"{name}: other bits"
-            times[name]["count"].append(timed(lambda: kernel.count(base, agents, 1e-5), args.repeats))
-            times[name]["diagnose"].append(timed(lambda: kernel.diagnose(base, agents, 1e-5), args.repeats))
-            times[name]["merge"].append(timed(lambda: kernel.merge(base, agents, lambdas, 1e-5), args.repeats))
-            native._failed = None
-    print(f"bf16, {args.numel:,} entries, 3 agents, {torch.get_num_threads()} threads, {compiler}; medians over "
-          f"{args.rounds} rounds of {args.repeats} calls; the same bits from every build")
-    first = next(iter(times))
-    print("| build | count s | diagnose s | merge s | merge x the native build |")
+            runs[name] = loops(native._declare(ctypes.CDLL(str(out))), base, agents, lambdas)
+        if args.torch:
+            runs["torch (no build)"] = portable_loops(base, agents, lambdas)
+        first = next(iter(runs))
+        reference = [fn() for fn in runs[first]]
+        for name, fns in runs.items():
+            if name in TARGETS:  # the same bits from every build (the torch path: the suite compares it)
+                assert all(torch.equal(fn(), ref) for fn, ref in zip(fns, reference, strict=True)), name
+        times = {name: {"count": [], "diagnose": [], "merge": []} for name in runs}
+        for _ in range(args.rounds):
+            for name, (count, diagnose, merge) in runs.items():
+                times[name]["count"].append(timed(count, args.repeats))
+                times[name]["diagnose"].append(timed(diagnose, args.repeats))
+                times[name]["merge"].append(timed(merge, args.repeats))
+    print(f"bf16, {args.numel:,} entries, 3 agents, one thread, {compiler}; medians over {args.rounds} rounds of "
+          f"{args.repeats} calls; every build gave the same bits")
+    print("| build | count s | diagnose s | merge s | x the native build (count, diagnose, merge) |")
     print("|---|---|---|---|---|")
-    for name, loops in times.items():
-        med = {loop: statistics.median(v) for loop, v in loops.items()}
-        ratio = med["merge"] / statistics.median(times[first]["merge"])
-        print(f"| {name} | {med['count']:.4f} | {med['diagnose']:.4f} | {med['merge']:.4f} | {ratio:.2f}x |")
+    base_med = {loop: statistics.median(v) for loop, v in times[first].items()}
+    for name, found in times.items():
+        med = {loop: statistics.median(v) for loop, v in found.items()}
+        ratios = ", ".join(f"{med[k] / base_med[k]:.2f}" for k in ("count", "diagnose", "merge"))
+        print(f"| {name} | {med['count']:.4f} | {med['diagnose']:.4f} | {med['merge']:.4f} | {ratios} |")
 
 
 if __name__ == "__main__":
