@@ -651,3 +651,50 @@ def test_native_and_torch_paths_agree(backend, dtype, out_dtype, monkeypatch):
     assert torch.equal(fast_counts, kernel.count(base, agents, EPS))
     assert fast.dtype == slow.dtype
     assert torch.equal(fast, slow), int((fast != slow).sum())
+
+
+# ------------------------------------------------------------------ the torch path's threads (issue 53)
+
+
+@pytest.mark.quick
+def test_the_torch_path_leaves_torchs_thread_count_as_it_found_it(backend):
+    """The torch loops run in the pool's threads with torch on one thread each (an op on torch's own threads waited
+    for a descheduled thread on a busy machine); torch records that one as its default too, so the caller's count
+    is put back: the caller and threads started later still get theirs."""
+    import threading
+
+    if backend != "torch":
+        pytest.skip("the torch path's threads")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        base, agents, _ = make_case(3, torch.bfloat16, shape=(300, 500), seed=5)  # 5 chunks of 2^15: both threads
+        kernel.merge(base, agents, [1.1, 1.0, 0.9], EPS)
+        kernel.diagnose(base, agents, EPS)
+        seen = []
+        later = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        later.start()
+        later.join()
+        assert (torch.get_num_threads(), seen) == (2, [2])
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_torch_path_gives_the_same_bits_for_any_thread_count(backend, dtype):
+    """Counts, merged values and the diagnostics' float64 sums (per chunk, added in chunk order) do not depend on how
+    many threads share the chunks."""
+    if backend != "torch":
+        pytest.skip("the torch path's threads")
+    before = torch.get_num_threads()
+    base, agents, _ = make_case(3, dtype, shape=(700, 301), seed=9)  # 7 chunks: split unevenly between threads
+    found = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            d = kernel.diagnose(base, agents, EPS)
+            found.append([kernel.merge(base, agents, [1.2, 0.8, 1.05], EPS), *(getattr(d, f) for f in vars(d))])
+    finally:
+        torch.set_num_threads(before)
+    for other in found[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(found[0], other, strict=True))

@@ -1,13 +1,13 @@
 """RAM / RAM+ arithmetic on plain tensors (Eqs. 1, 2, 6, 7 of arXiv 2601.13572).
 
 Knows nothing of mergekit. Both passes stream over the agents one flat chunk at a
-time, so scratch memory is a few chunk-sized buffers whatever the tensor size:
-no N x P stacks, no full-size masks. Deltas are formed in float32 (float64 for
+time, so scratch memory is a few [N, chunk] buffers whatever the tensor size:
+no full-size masks. Deltas are formed in float32 (float64 for
 float64 inputs); the result is rounded once, to the requested dtype.
 
 On CPU, bf16/fp16/fp32 inputs go through the fused loops of `native` (one pass
-over memory instead of ~8 per agent); the torch code below is the portable path
-(GPU, float64, no C compiler, or an explicit `chunk=`), with identical masks.
+over memory); the torch loops of `portable` are the portable path (GPU, float64,
+no C compiler, or an explicit `chunk=`), with identical masks and float32 sums.
 """
 
 from __future__ import annotations

@@ -246,15 +246,15 @@ def _workers(n: int) -> ThreadPoolExecutor:
 
 def in_pool(fn, n: int) -> list:
     """[fn(0), ..., fn(n - 1)] on the pool's threads, even for n = 1 (the torch path's loops: each of its threads
-    sets torch to one thread of its own, which torch also records as the default; this puts the caller's back)."""
+    sets torch to one thread of its own, which torch also records as the default for threads started later; this
+    puts the caller's back)."""
     import torch
 
     threads = torch.get_num_threads()
     try:
         return list(_workers(n).map(fn, range(n)))
     finally:
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
+        torch.set_num_threads(threads)
 
 
 def _declare(lib):
