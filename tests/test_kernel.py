@@ -698,3 +698,13 @@ def test_torch_path_gives_the_same_bits_for_any_thread_count(backend, dtype):
         torch.set_num_threads(before)
     for other in found[1:]:
         assert all(torch.equal(x, y) for x, y in zip(found[0], other, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_lambda_times_delta_is_rounded_before_it_is_added(dtype):
+    """_native.c adds lambda * tau, rounded, to +0; torch's `add_(alpha=)` fused the two (one rounding), which kept the
+    sign of a product too small to hold: base -0, one agent, lambda * tau underflowing to -0 gave -0, not +0."""
+    base = torch.tensor([-0.0, -0.0, 0.5], dtype=dtype)
+    agent = torch.tensor([-1e-39, 1e-39, 0.75], dtype=dtype)
+    out = kernel.merge(base, [agent], [1e-30], 0.0, out_dtype=torch.float32)
+    assert out.tolist() == [0.0, 0.0, 0.5] and not torch.signbit(out).any(), (out, torch.signbit(out))

@@ -178,7 +178,7 @@ def merge_into(base, agents, lambdas: Sequence[float], epsilon: float, flat_out:
     view, shift = _BITS[cdtype]
     largest = torch.finfo(cdtype).max
     flat_base, flat_agents = base.reshape(-1), [a.reshape(-1) for a in agents]
-    lams = [float(x) for x in lambdas]
+    lams = torch.tensor([float(x) for x in lambdas], dtype=cdtype, device=device)[:, None]  # float32 like _native.c
 
     def work(chunks):
         size = chunks[0][1] - chunks[0][0]
@@ -194,12 +194,15 @@ def merge_into(base, agents, lambdas: Sequence[float], epsilon: float, flat_out:
             tk, sk, hk, ok = total[:k], scaled[:k], hits[:k], one[:k]
             torch.gt(mk, epsilon, out=mk)
             dk.mul_(mk)  # the kept deltas: d or +-0 (NaN stays NaN, and makes the result NaN: caught below)
+            torch.sum(mk, dim=0, out=hk)
+            # lambda * kept rounded on its own, then added: `add_(alpha=)` fuses the two (an FMA: one rounding), which
+            # gave -0 where _native.c's +0 + (lambda * tiny kept, rounded to -0) gives +0
+            torch.mul(dk, lams, out=mk)
             tk.zero_()
             sk.zero_()
             for t in range(n):  # in agent order from +0, as _native.c adds them
                 tk.add_(dk[t])
-                sk.add_(dk[t], alpha=lams[t])
-            torch.sum(mk, dim=0, out=hk)
+                sk.add_(mk[t])
             torch.eq(hk, 1, out=ok)
             tk.div_(hk.clamp_(min=1))  # one agent: its scaled delta (selected next); several: their mean
             _select(tk.view(view), sk.view(view), ok.view(view), shift)
