@@ -708,3 +708,40 @@ def test_lambda_times_delta_is_rounded_before_it_is_added(dtype):
     agent = torch.tensor([-1e-39, 1e-39, 0.75], dtype=dtype)
     out = kernel.merge(base, [agent], [1e-30], 0.0, out_dtype=torch.float32)
     assert out.tolist() == [0.0, 0.0, 0.5] and not torch.signbit(out).any(), (out, torch.signbit(out))
+
+
+def _edge_values(numel: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """Values of every kind a checkpoint holds: +0, -0, denormal, small, large."""
+    kind = torch.randint(0, 5, (numel,), generator=g)
+    x = torch.randn(numel, generator=g, dtype=torch.float64) * 0.05
+    scale = torch.tensor([0.0, -0.0, 1e-38, 1.0, 1e3], dtype=torch.float64)[kind]
+    return torch.where(kind < 2, scale, x * scale).to(dtype)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_native_and_torch_paths_agree_on_edge_values(backend, seed, monkeypatch):
+    """The two paths' bits (the sign of zero included) on +-0, denormals, epsilon 0, lambdas 0, -0 and 1e-30: where
+    the torch path once fused lambda * tau into the add (issue 53's fuzz)."""
+    from mergekit_ram.core import native
+
+    if backend != "native":
+        pytest.skip("compares the native path with the torch path")
+    g = torch.Generator().manual_seed(seed)
+    dtype = [torch.bfloat16, torch.float16, torch.float32][seed % 3]
+    out_dtype = [None, torch.bfloat16, torch.float16, torch.float32][seed % 4]
+    n, numel = 1 + seed % 4, [5_000, 20_000][seed % 2]
+    base = _edge_values(numel, dtype, g)
+    agents = []
+    for _ in range(n):
+        changed = torch.rand(numel, generator=g) < torch.rand((), generator=g)
+        agents.append(torch.where(changed, _edge_values(numel, dtype, g), base))
+    lambdas = [[0.0, -0.0, 1e-30, 1e-30, 1.2, -0.7, 3.0][int(i)] for i in torch.randint(0, 7, (n,), generator=g)]
+    epsilon = [0.0, 0.0, 1e-5, 1e-3][seed % 4]
+    found = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("MERGEKIT_RAM_NATIVE", flag)
+        assert native.supports(base, agents) == (flag == "1")
+        merged = kernel.merge(base, agents, lambdas, epsilon, out_dtype=out_dtype)
+        d = kernel.diagnose(base, agents, epsilon)
+        found.append([merged, torch.signbit(merged), kernel.count(base, agents, epsilon), d.counts, d.single, d.pair_counts])
+    assert all(torch.equal(x, y) for x, y in zip(*found, strict=True)), [torch.equal(x, y) for x, y in zip(*found)]
