@@ -83,7 +83,7 @@ def library():
 
 #: what running without the fused loops costs (measured for issue 53: benchmarks/README.md, "Without a compiler")
 COST = (
-    "the torch kernel runs instead: the same results, each tensor's loops ~5-10x slower, a whole merge ~1.0-1.2x "
+    "the torch kernel runs instead: the same results, its loops 4-11x slower per tensor, a whole merge about 0.9-1.1x "
     "task_arithmetic's time on 2 cores (MERGEKIT_RAM_NATIVE=0 silences this)"
 )
 
