@@ -60,6 +60,7 @@ def spec(arch="qwen2", hidden=1024, layers=12, vocab=32000, agents=3, tied=False
 WORKLOADS: dict[str, dict] = {
     "tiny": spec(hidden=64, layers=2, vocab=256, agents=2),
     "W1": spec(hidden=1024, layers=12, vocab=32000),  # ~200M params
+    "D50": spec(hidden=768, layers=4, vocab=16000),  # ~50M params: issue 53's small dense workload
     "W2": spec(arch="llama", hidden=2048, layers=2, vocab=128256),  # ~615M, two 262M-element tensors
     "G1": spec(hidden=2048, layers=16, vocab=32000),  # ~0.85B, for GPU runs; not run by default
 }

@@ -339,13 +339,26 @@ class _Commands(click.Group):
             formatter.write_dl([(name, text) for name, (text, _) in COMMANDS.items()])
 
 
+_VERSION = "Show the version, and whether the fused CPU kernel is in use, and exit."
+
+
+def _version(ctx: click.Context, _param: click.Parameter, wanted: bool) -> None:
+    """The version, then the fused CPU kernel's state (`native.status`: nothing is built, torch is not imported)."""
+    if not wanted or ctx.resilient_parsing:
+        return
+    from mergekit_ram.core import native
+
+    click.echo(f"{PROG} {versions.installed('mergekit-ram')}\nfused CPU kernel: {native.status()}")
+    ctx.exit()
+
+
 @click.group(
     PROG,
     cls=_Commands,
     help="Helpers for RAM / RAM+ merging with mergekit (merge_method: ramplus).",
     invoke_without_command=False,
 )
-@click.version_option(versions.installed("mergekit-ram"), prog_name=PROG, message="%(prog)s %(version)s")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version, help=_VERSION)
 def _group() -> None:
     pass
 

@@ -426,3 +426,48 @@ def test_help_version_and_usage_errors_import_no_torch_or_mergekit(tmp_path, arg
     assert "Traceback" not in done.stderr, done.stderr
     if int(code) and not lines[-1].startswith("Error: "):  # ours: one line (click's: its usage, a hint, the error)
         assert len(lines) == 1 and lines[0].startswith(f"mergekit-ram {args[0]}: error: "), lines
+
+
+def _version(tmp_path, **env) -> list[str]:
+    """`mergekit-ram --version` in a fresh interpreter, its cache folder in tmp_path; its lines."""
+    base = {k: v for k, v in os.environ.items() if k not in ("CC", "MERGEKIT_RAM_NATIVE")}
+    base.update(MERGEKIT_RAM_CACHE=str(tmp_path / "cache"), **env)
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom mergekit_ram import cli\nsys.exit(cli.main(['--version']))"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env=base,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()
+
+
+@pytest.mark.quick
+def test_version_says_whether_the_fused_kernel_is_in_use(tmp_path):
+    """Issue 53: `--version` says what runs: the kernel built, to be built on first use (nothing is built to say
+    so), switched off, or not buildable and why; the torch kernel's results are the same, only slower."""
+    from helpers import HAS_COMPILER
+
+    from mergekit_ram.core import native
+
+    first = _version(tmp_path)
+    assert first[0].startswith("mergekit-ram ") and first[1].startswith("fused CPU kernel: ")
+    if HAS_COMPILER:
+        assert first[1].endswith(f"will be built on first use with {native.find_compiler()}"), first
+        assert not (tmp_path / "cache" / "native").exists(), "--version built the kernel"
+    assert _version(tmp_path, MERGEKIT_RAM_NATIVE="0")[1] == (
+        "fused CPU kernel: off (MERGEKIT_RAM_NATIVE=0): the torch kernel runs, the same results, slower"
+    )
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    (none,) = [line for line in _version(tmp_path, PATH=str(empty)) if "kernel" in line]
+    assert none.startswith("fused CPU kernel: cannot be built: no C compiler found ($CC unset, no cc or gcc on PATH)")
+    assert none.endswith("the torch kernel runs, the same results, slower"), none
+    (broken,) = [line for line in _version(tmp_path, CC="/bin/false") if "kernel" in line]
+    assert "cannot be built: no C compiler found (`/bin/false --version` exited with 1)" in broken, broken
+    if HAS_COMPILER:
+        env = {k: v for k, v in os.environ.items() if k not in ("CC", "MERGEKIT_RAM_NATIVE")}
+        env["MERGEKIT_RAM_CACHE"] = str(tmp_path / "cache")
+        built = subprocess.run(
+            [sys.executable, "-c", "from mergekit_ram.core import native; print(native.target() if native.library() "
+             "else 'not built')"], capture_output=True, text=True, timeout=600, env=env,
+        ).stdout.strip()
+        assert _version(tmp_path)[1] == f"fused CPU kernel: built ({built}), used on CPU tensors"

@@ -414,7 +414,7 @@ def test_native_allocation_failure_is_named_and_an_overflow_keeps_its_message(
 
     if backend != "native":
         pytest.skip("the native loops' allocation")
-    lib, name = native.library(), native._NAMES[dtype]
+    lib, name = native.library(), native._NAMES[str(dtype)]
     assert getattr(lib, f"{fn}_scratch")(3) == 3 * scratch  # per agent: a mask byte (and a float32 delta) per entry
     base, agents, _ = make_case(3, dtype, shape=(10, 9), seed=2)
     with monkeypatch.context() as m:
@@ -651,3 +651,97 @@ def test_native_and_torch_paths_agree(backend, dtype, out_dtype, monkeypatch):
     assert torch.equal(fast_counts, kernel.count(base, agents, EPS))
     assert fast.dtype == slow.dtype
     assert torch.equal(fast, slow), int((fast != slow).sum())
+
+
+# ------------------------------------------------------------------ the torch path's threads (issue 53)
+
+
+@pytest.mark.quick
+def test_the_torch_path_leaves_torchs_thread_count_as_it_found_it(backend):
+    """The torch loops run in the pool's threads with torch on one thread each (an op on torch's own threads waited
+    for a descheduled thread on a busy machine); torch records that one as its default too, so the caller's count
+    is put back: the caller and threads started later still get theirs."""
+    import threading
+
+    if backend != "torch":
+        pytest.skip("the torch path's threads")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        base, agents, _ = make_case(3, torch.bfloat16, shape=(300, 500), seed=5)  # 5 chunks of 2^15: both threads
+        kernel.merge(base, agents, [1.1, 1.0, 0.9], EPS)
+        kernel.diagnose(base, agents, EPS)
+        seen = []
+        later = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        later.start()
+        later.join()
+        assert (torch.get_num_threads(), seen) == (2, [2])
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_torch_path_gives_the_same_bits_for_any_thread_count(backend, dtype):
+    """Counts, merged values and the diagnostics' float64 sums (per chunk, added in chunk order) do not depend on how
+    many threads share the chunks."""
+    if backend != "torch":
+        pytest.skip("the torch path's threads")
+    before = torch.get_num_threads()
+    base, agents, _ = make_case(3, dtype, shape=(700, 301), seed=9)  # 7 chunks: split unevenly between threads
+    found = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            d = kernel.diagnose(base, agents, EPS)
+            found.append([kernel.merge(base, agents, [1.2, 0.8, 1.05], EPS), *(getattr(d, f) for f in vars(d))])
+    finally:
+        torch.set_num_threads(before)
+    for other in found[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(found[0], other, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_lambda_times_delta_is_rounded_before_it_is_added(dtype):
+    """_native.c adds lambda * tau, rounded, to +0; torch's `add_(alpha=)` fused the two (one rounding), which kept the
+    sign of a product too small to hold: base -0, one agent, lambda * tau underflowing to -0 gave -0, not +0."""
+    base = torch.tensor([-0.0, -0.0, 0.5], dtype=dtype)
+    agent = torch.tensor([-1e-39, 1e-39, 0.75], dtype=dtype)
+    out = kernel.merge(base, [agent], [1e-30], 0.0, out_dtype=torch.float32)
+    assert out.tolist() == [0.0, 0.0, 0.5] and not torch.signbit(out).any(), (out, torch.signbit(out))
+
+
+def _edge_values(numel: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """Values of every kind a checkpoint holds: +0, -0, denormal, small, large."""
+    kind = torch.randint(0, 5, (numel,), generator=g)
+    x = torch.randn(numel, generator=g, dtype=torch.float64) * 0.05
+    scale = torch.tensor([0.0, -0.0, 1e-38, 1.0, 1e3], dtype=torch.float64)[kind]
+    return torch.where(kind < 2, scale, x * scale).to(dtype)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_native_and_torch_paths_agree_on_edge_values(backend, seed, monkeypatch):
+    """The two paths' bits (the sign of zero included) on +-0, denormals, epsilon 0, lambdas 0, -0 and 1e-30: where
+    the torch path once fused lambda * tau into the add (issue 53's fuzz)."""
+    from mergekit_ram.core import native
+
+    if backend != "native":
+        pytest.skip("compares the native path with the torch path")
+    g = torch.Generator().manual_seed(seed)
+    dtype = [torch.bfloat16, torch.float16, torch.float32][seed % 3]
+    out_dtype = [None, torch.bfloat16, torch.float16, torch.float32][seed % 4]
+    n, numel = 1 + seed % 4, [5_000, 20_000][seed % 2]
+    base = _edge_values(numel, dtype, g)
+    agents = []
+    for _ in range(n):
+        changed = torch.rand(numel, generator=g) < torch.rand((), generator=g)
+        agents.append(torch.where(changed, _edge_values(numel, dtype, g), base))
+    lambdas = [[0.0, -0.0, 1e-30, 1e-30, 1.2, -0.7, 3.0][int(i)] for i in torch.randint(0, 7, (n,), generator=g)]
+    epsilon = [0.0, 0.0, 1e-5, 1e-3][seed % 4]
+    found = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("MERGEKIT_RAM_NATIVE", flag)
+        assert native.supports(base, agents) == (flag == "1")
+        merged = kernel.merge(base, agents, lambdas, epsilon, out_dtype=out_dtype)
+        d = kernel.diagnose(base, agents, epsilon)
+        found.append([merged, torch.signbit(merged), kernel.count(base, agents, epsilon), d.counts, d.single, d.pair_counts])
+    assert all(torch.equal(x, y) for x, y in zip(*found, strict=True)), [torch.equal(x, y) for x, y in zip(*found)]

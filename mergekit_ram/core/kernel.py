@@ -1,13 +1,13 @@
 """RAM / RAM+ arithmetic on plain tensors (Eqs. 1, 2, 6, 7 of arXiv 2601.13572).
 
 Knows nothing of mergekit. Both passes stream over the agents one flat chunk at a
-time, so scratch memory is a few chunk-sized buffers whatever the tensor size:
-no N x P stacks, no full-size masks. Deltas are formed in float32 (float64 for
+time, so scratch memory is a few [N, chunk] buffers whatever the tensor size:
+no full-size masks. Deltas are formed in float32 (float64 for
 float64 inputs); the result is rounded once, to the requested dtype.
 
 On CPU, bf16/fp16/fp32 inputs go through the fused loops of `native` (one pass
-over memory instead of ~8 per agent); the torch code below is the portable path
-(GPU, float64, no C compiler, or an explicit `chunk=`), with identical masks.
+over memory); the torch loops of `portable` are the portable path (GPU, float64,
+no C compiler, or an explicit `chunk=`), with identical masks and float32 sums.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mergekit_ram.core import native
+from mergekit_ram.core import native, portable
 
 # the scalar formulas (Eqs. 2, 6, RAM+s), offered here beside the tensor math
 from mergekit_ram.core.formulas import lambda_clip as lambda_clip
@@ -27,7 +27,8 @@ from mergekit_ram.core.formulas import rho as rho
 from mergekit_ram.errors import NonFiniteInputError as NonFiniteInputError
 from mergekit_ram.errors import NonFiniteResultError as NonFiniteResultError
 
-CHUNK_CPU = 1 << 18
+#: entries per chunk of the torch path on a CPU: its [N, chunk] float32 buffers stay in a core's L2 (issue 53)
+CHUNK_CPU = 1 << 15
 CHUNK_ACCELERATOR = 1 << 24
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 
@@ -65,32 +66,9 @@ def count(
         if bad:
             _raise_non_finite(base, agents, names, tensor_name, base_name)
         return totals
-    cdtype = _compute_dtype(base, agents)
-    flat_base, flat_agents = base.reshape(-1), [a.reshape(-1) for a in agents]
-    step = _chunk(base, chunk)
-    size = min(step, base.numel())
-    b = torch.empty(size, dtype=cdtype, device=base.device)
-    d = torch.empty_like(b)
-    masks = torch.empty(n, size, dtype=torch.bool, device=base.device)
-    hits = torch.empty(size, dtype=_counter(n), device=base.device)
-    peaks = torch.zeros(n, dtype=cdtype, device=base.device)
-    for start in range(0, base.numel(), step):
-        stop = min(start + step, base.numel())
-        k = stop - start
-        bk, dk, mk, hk = b[:k], d[:k], masks[:, :k], hits[:k]
-        bk.copy_(flat_base[start:stop])
-        hk.zero_()
-        for t, agent in enumerate(flat_agents):
-            torch.sub(agent[start:stop], bk, out=dk)
-            dk.abs_()
-            peaks[t] = torch.maximum(peaks[t], dk.max())
-            torch.gt(dk, epsilon, out=mk[t])
-            hk.add_(mk[t])
-        totals[:, 0] += mk.sum(dim=1)
-        totals[:, 1] += (mk & (hk == 1)).sum(dim=1)
-        totals[:, 2] += (mk & (hk == 2)).sum(dim=1)
+    table, peaks = portable.count_chunks(base, agents, epsilon, _chunk(base, chunk), native.in_pool, diagnose=False)
     _check_finite(peaks, base, agents, names, tensor_name, base_name)
-    return totals
+    return table.sum(dim=0).view(n, 3).to(torch.int64)
 
 
 @dataclass(frozen=True)
@@ -139,72 +117,23 @@ def diagnose(
         ints, sums, bad = native.diagnose(base, agents, epsilon, tensor_name)
         if bad:
             _raise_non_finite(base, agents, names, tensor_name, base_name)
-        per = ints[: 4 * n].view(n, 4)
-        return Diagnosis(
-            counts=per[:, :3].clone(),
-            single=per[:, 3].clone(),
-            magnitude=sums[: 2 * n].view(n, 2).clone(),
-            pair_counts=ints[4 * n :].view(p, 2).clone(),
-            pair_sums=sums[2 * n :].view(p, 3).clone(),
-        )
-    device = base.device
-    counts = torch.zeros(n, 3, dtype=torch.int64, device=device)
-    single = torch.zeros(n, dtype=torch.int64, device=device)
-    magnitude = torch.zeros(n, 2, dtype=torch.float64, device=device)
-    pair_counts = torch.zeros(p, 2, dtype=torch.int64, device=device)
-    pair_sums = torch.zeros(p, 3, dtype=torch.float64, device=device)
-    if n == 0 or base.numel() == 0:
-        return Diagnosis(counts, single, magnitude, pair_counts, pair_sums)
-    promoted = _promoted(base, agents)
-    cdtype = _compute_dtype(base, agents)
-    flat_base, flat_agents = base.reshape(-1), [a.reshape(-1) for a in agents]
-    step = _chunk(base, chunk)
-    peaks = torch.zeros(n, dtype=cdtype, device=device)
-    for start in range(0, base.numel(), step):
-        stop = min(start + step, base.numel())
-        b = flat_base[start:stop].to(cdtype)
-        kb = _keys(flat_base[start:stop].to(promoted))
-        deltas = torch.stack([a[start:stop].to(cdtype) - b for a in flat_agents])
-        size = deltas.abs()
-        peaks = torch.maximum(peaks, size.amax(dim=1))
-        masks = size > epsilon
-        hits = masks.sum(dim=0)
-        unique = masks & (hits == 1)
-        counts[:, 0] += masks.sum(dim=1)
-        counts[:, 1] += unique.sum(dim=1)
-        counts[:, 2] += (masks & (hits == 2)).sum(dim=1)
-        for t, a in enumerate(flat_agents):
-            gap = _keys(a[start:stop].to(promoted)) - kb
-            single[t] += (masks[t] & (gap.abs() == 1)).sum()
-        wide = size.to(torch.float64)  # |x| then widening: exact, the same as widening then |x|
-        magnitude[:, 0] += (wide * unique).sum(dim=1)
-        magnitude[:, 1] += (wide * (masks & (hits >= 2))).sum(dim=1)
-        for k, (i, j) in enumerate(pairs(n)):
-            both = masks[i] & masks[j]
-            u, v = deltas[i][both].to(torch.float64), deltas[j][both].to(torch.float64)
-            uv = u * v
-            pair_counts[k, 0] += both.sum()
-            pair_counts[k, 1] += (uv > 0).sum()
-            pair_sums[k, 0] += uv.sum()
-            pair_sums[k, 1] += (u * u).sum()
-            pair_sums[k, 2] += (v * v).sum()
-    _check_finite(peaks, base, agents, names, tensor_name, base_name)
-    return Diagnosis(counts, single, magnitude, pair_counts, pair_sums)
-
-
-_KEY_VIEWS = {
-    torch.float64: (torch.int64, (1 << 63) - 1),
-    torch.float32: (torch.int32, 0x7FFFFFFF),
-    torch.bfloat16: (torch.int16, 0x7FFF),
-    torch.float16: (torch.int16, 0x7FFF),
-}
-
-
-def _keys(values: torch.Tensor) -> torch.Tensor:
-    """Ordered integer keys: adjacent floats of one dtype have keys one apart (+0 and -0 both 0)."""
-    view, magnitude = _KEY_VIEWS[values.dtype]
-    bits = values.view(view).to(torch.int64)
-    return torch.where(bits < 0, -(bits & magnitude), bits)
+    elif n == 0 or base.numel() == 0:
+        ints = torch.zeros(4 * n + 2 * p, dtype=torch.int64, device=base.device)
+        sums = torch.zeros(2 * n + 3 * p, dtype=torch.float64, device=base.device)
+    else:
+        table, peaks = portable.count_chunks(base, agents, epsilon, _chunk(base, chunk), native.in_pool, diagnose=True)
+        _check_finite(peaks, base, agents, names, tensor_name, base_name)
+        row = table.sum(dim=0)  # the chunks' rows in chunk order: the same bits for any number of threads
+        ints = torch.cat([row[: 4 * n], row[6 * n : 6 * n + 2 * p]]).to(torch.int64)
+        sums = torch.cat([row[4 * n : 6 * n], row[6 * n + 2 * p :]])
+    per = ints[: 4 * n].view(n, 4)
+    return Diagnosis(
+        counts=per[:, :3].clone(),
+        single=per[:, 3].clone(),
+        magnitude=sums[: 2 * n].view(n, 2).clone(),
+        pair_counts=ints[4 * n :].view(p, 2).clone(),
+        pair_sums=sums[2 * n :].view(p, 3).clone(),
+    )
 
 
 @torch.no_grad()
@@ -236,7 +165,7 @@ def merge(
     if not all(math.isfinite(lam) and abs(lam) <= _FLOAT32_MAX for lam in lambdas):
         raise ValueError(f"every lambda must be finite in float32, got {list(lambdas)}")
     if out_dtype is None:
-        out_dtype = _promoted(base, agents)
+        out_dtype = portable.promoted(base, agents)
     out = torch.empty(base.shape, dtype=out_dtype, device=base.device)
     if base.numel() == 0:
         return out
@@ -251,60 +180,18 @@ def merge(
         if found & native.NON_FINITE_RESULT:
             _raise_non_finite_result(base, agents, lambdas, epsilon, out, names, tensor_name)
         return out
-    cdtype = _compute_dtype(base, agents)
-    flat_base, flat_agents = base.reshape(-1), [a.reshape(-1) for a in agents]
-    step = _chunk(base, chunk)
-    size = min(step, base.numel())
-    b = torch.empty(size, dtype=cdtype, device=base.device)
-    d, a = torch.empty_like(b), torch.empty_like(b)
-    total, scaled = torch.empty_like(b), torch.empty_like(b)
-    m = torch.empty(size, dtype=torch.bool, device=base.device)
-    hits = torch.empty(size, dtype=_counter(len(agents)), device=base.device)
-    peaks = torch.zeros(len(agents), dtype=cdtype, device=base.device)
-    finite = torch.ones((), dtype=torch.bool, device=base.device)  # every result, as written
-    for start in range(0, base.numel(), step):
-        stop = min(start + step, base.numel())
-        k = stop - start
-        bk, dk, ak, mk, hk = b[:k], d[:k], a[:k], m[:k], hits[:k]
-        tk, sk = total[:k], scaled[:k]
-        bk.copy_(flat_base[start:stop])
-        tk.zero_()
-        sk.zero_()
-        hk.zero_()
-        for t, agent in enumerate(flat_agents):
-            torch.sub(agent[start:stop], bk, out=dk)
-            torch.abs(dk, out=ak)
-            peaks[t] = torch.maximum(peaks[t], ak.max())
-            torch.gt(ak, epsilon, out=mk)
-            dk.mul_(mk)
-            tk.add_(dk)
-            sk.add_(dk, alpha=float(lambdas[t]))
-            hk.add_(mk)
-        # one agent: its scaled delta; several: their mean; none: total is 0.
-        tk.div_(hk.clamp(min=1))
-        torch.where(hk == 1, sk, tk, out=tk)
-        tk.add_(bk)
-        flat_out[start:stop].copy_(tk)
-        finite &= torch.isfinite(flat_out[start:stop]).all()  # the chunk as rounded once, still in cache
-    _check_finite(peaks, base, agents, names, tensor_name, base_name)
-    if not bool(finite):
+    finite = portable.merge_into(base, agents, lambdas, epsilon, flat_out, _chunk(base, chunk), native.in_pool)
+    if not bool(finite):  # a NaN or Inf input, a task vector beyond float32 or a result beyond out_dtype
+        _check_finite(
+            portable.count_chunks(base, agents, epsilon, _chunk(base, chunk), native.in_pool, diagnose=False)[1],
+            base,
+            agents,
+            names,
+            tensor_name,
+            base_name,
+        )
         _raise_non_finite_result(base, agents, lambdas, epsilon, out, names, tensor_name)
     return out
-
-
-def _counter(n: int) -> torch.dtype:
-    return torch.uint8 if n < 255 else torch.int32
-
-
-def _promoted(base: torch.Tensor, agents: Sequence[torch.Tensor]) -> torch.dtype:
-    dtype = base.dtype
-    for a in agents:
-        dtype = torch.promote_types(dtype, a.dtype)
-    return dtype
-
-
-def _compute_dtype(base: torch.Tensor, agents: Sequence[torch.Tensor]) -> torch.dtype:
-    return torch.float64 if _promoted(base, agents) == torch.float64 else torch.float32
 
 
 def _chunk(base: torch.Tensor, chunk: int | None) -> int:
@@ -352,7 +239,7 @@ def _raise_non_finite_result(base, agents, lambdas, epsilon, out, names, tensor_
     flat = out.reshape(-1)
     bad = ~torch.isfinite(flat)
     index, count = int(bad.nonzero()[0]), int(bad.sum())
-    cdtype = _compute_dtype(base, agents)
+    cdtype = portable.compute_dtype(base, agents)
     b = float(base.reshape(-1)[index].to(cdtype))
     deltas = [float(a.reshape(-1)[index].to(cdtype)) - b for a in agents]
     active = [t for t, d in enumerate(deltas) if abs(d) > epsilon]

@@ -18,28 +18,24 @@ does not load (corrupt, foreign) is deleted and rebuilt once.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import platform
-import shutil
-import stat
-import subprocess
-import tempfile
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from mergekit_ram.core import build, cachedir
+from mergekit_ram.core.build import SOURCE as SOURCE
+from mergekit_ram.core.build import find_compiler as find_compiler
+from mergekit_ram.core.build import target as target
 
-from mergekit_ram.core import cachedir
-from mergekit_ram.errors import UnsafeLocation
+if TYPE_CHECKING:
+    import torch  # imported where a call needs it: `status` (`mergekit-ram --version`) runs without torch
 
 LOG = logging.getLogger("mergekit_ram")
 
-SOURCE = Path(__file__).with_name("_native.c")
-_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_NAMES = {"torch.float32": "f32", "torch.bfloat16": "bf16", "torch.float16": "f16"}  # by str(dtype)
 _MIN_SPLIT = 1 << 20  # below this, one thread: splitting costs more than it saves
 #: `diagnose` sums each span of this many entries on its own, then the spans in order: its float64 sums are then
 #: the same bits for any number of threads, which share out whole spans (a multiple of _native.c's BLOCK)
@@ -57,9 +53,9 @@ def enabled() -> bool:
 
 def supports(base: torch.Tensor, agents: Sequence[torch.Tensor], out_dtype: torch.dtype | None = None) -> bool:
     """True when the fused loops apply: CPU, one float dtype of 16/32 bits, < 255 agents."""
-    if not enabled() or base.device.type != "cpu" or base.dtype not in _NAMES or len(agents) >= 255:
+    if not enabled() or base.device.type != "cpu" or str(base.dtype) not in _NAMES or len(agents) >= 255:
         return False
-    if out_dtype is not None and out_dtype not in _NAMES:
+    if out_dtype is not None and str(out_dtype) not in _NAMES:
         return False
     return all(a.dtype == base.dtype and a.device == base.device for a in agents) and library() is not None
 
@@ -80,18 +76,41 @@ def library():
             try:
                 _lib = _load()
             except Exception as error:  # no compiler, read-only cache, unsafe folder, odd platform
-                _failed = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
-                LOG.warning(
-                    "mergekit-ram: fast CPU kernel unavailable (%s); using the torch kernel "
-                    "(same results, slower). Set MERGEKIT_RAM_NATIVE=0 to silence.",
-                    _failed,
-                )
+                _failed = build._why(error)
+                LOG.warning("mergekit-ram: fast CPU kernel unavailable: %s; %s", _failed, COST)
     return _lib
+
+
+#: what running without the fused loops costs (measured for issue 53: benchmarks/README.md, "Without a compiler")
+COST = (
+    "the torch kernel runs instead: the same results, its loops 4-11x slower per tensor, a whole merge about 0.9-1.1x "
+    "task_arithmetic's time on 2 cores (MERGEKIT_RAM_NATIVE=0 silences this)"
+)
+
+
+def status() -> str:
+    """One line for `mergekit-ram --version`: whether the fused loops are in use, will be built on first use,
+    or cannot be built, and why. Builds nothing and imports no torch (asks the compiler its version only)."""
+    if not enabled():
+        return "off (MERGEKIT_RAM_NATIVE=0): the torch kernel runs, the same results, slower"
+    if _lib is not None:
+        return "built, in use"
+    if _failed is not None:
+        return f"cannot be built: {_failed}; the torch kernel runs, the same results, slower"
+    try:
+        compiler, _, target = build._recipe()
+        built = os.path.lexists(target)
+        build._check_folders(target, present_only=True)
+    except Exception as error:
+        return f"cannot be built: {build._why(error)}; the torch kernel runs, the same results, slower"
+    return f"built ({target}), used on CPU tensors" if built else f"will be built on first use with {compiler}"
 
 
 def count(base: torch.Tensor, agents: Sequence[torch.Tensor], epsilon: float, tensor_name: str | None = None) -> tuple:
     """(int64 [N, 3] counts, any_non_finite); MemoryError naming `tensor_name` when the loops get no scratch."""
-    lib, name = library(), _NAMES[base.dtype]
+    import torch
+
+    lib, name = library(), _NAMES[str(base.dtype)]
     base, agents = _flat(base), [_flat(a) for a in agents]
     pointers = (ctypes.c_void_p * len(agents))(*[a.data_ptr() for a in agents])
     parts = _ranges(base.numel())
@@ -121,7 +140,9 @@ def diagnose(
     """(int64 [4N + 2P] counts, float64 [2N + 3P] sums, any_non_finite): see `diagnose_*` in _native.c.
 
     MemoryError naming `tensor_name` when the loops get no scratch."""
-    lib, name = library(), _NAMES[base.dtype]
+    import torch
+
+    lib, name = library(), _NAMES[str(base.dtype)]
     n, pairs = len(agents), len(agents) * (len(agents) - 1) // 2
     base, agents = _flat(base), [_flat(a) for a in agents]
     pointers = (ctypes.c_void_p * n)(*[a.data_ptr() for a in agents])
@@ -161,7 +182,7 @@ NON_FINITE_INPUT, NON_FINITE_RESULT = 1, 2
 def merge(base, agents, lambdas, epsilon: float, out: torch.Tensor) -> int:
     """Write Eq. 7 into `out` (contiguous, CPU); returns NON_FINITE_INPUT | NON_FINITE_RESULT as found (0: none)."""
     lib = library()
-    fn = getattr(lib, f"merge_{_NAMES[base.dtype]}_{_NAMES[out.dtype]}")
+    fn = getattr(lib, f"merge_{_NAMES[str(base.dtype)]}_{_NAMES[str(out.dtype)]}")
     base, agents = _flat(base), [_flat(a) for a in agents]
     pointers = [a.data_ptr() for a in agents]
     lams = (ctypes.c_float * len(agents))(*[float(x) for x in lambdas])
@@ -203,18 +224,37 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def _ranges(n: int, split: bool | None = None):
     """[start, stop) of each thread's share of n items: one per thread when `split` (default: n >= _MIN_SPLIT)."""
+    import torch
+
     threads = max(1, torch.get_num_threads()) if (n >= _MIN_SPLIT if split is None else split) else 1
     step = -(-n // threads)
     return [(s, min(s + step, n)) for s in range(0, n, step)] or [(0, 0)]
 
 
 def _map(fn, n: int):
-    global _pool
     if n == 1:
         return [fn(0)]
+    return list(_workers(n).map(fn, range(n)))
+
+
+def _workers(n: int) -> ThreadPoolExecutor:
+    global _pool
     if _pool is None or _pool._max_workers < n:
         _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="mergekit-ram")
-    return list(_pool.map(fn, range(n)))
+    return _pool
+
+
+def in_pool(fn, n: int) -> list:
+    """[fn(0), ..., fn(n - 1)] on the pool's threads, even for n = 1 (the torch path's loops: each of its threads
+    sets torch to one thread of its own, which torch also records as the default for threads started later; this
+    puts the caller's back)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return list(_workers(n).map(fn, range(n)))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _declare(lib):
@@ -233,13 +273,11 @@ def _built():
     """The library if it is built and safe to load, loaded; None otherwise (nothing is built or removed)."""
     global _lib
     try:
-        target = _recipe()[2]
+        target = build._recipe()[2]
         if not os.path.lexists(target):
             LOG.info("mergekit-ram: the fast CPU kernel is not built and is not built now; using the torch kernel")
             return None
-        _check_private(target.parent.parent, "cache folder", follow=True)
-        _check_private(target.parent, "kernel folder")
-        _check_private(target, "compiled kernel")
+        build._check_folders(target)
         with _lock:
             if _lib is None:
                 _lib = _declare(ctypes.CDLL(str(target)))
@@ -251,8 +289,8 @@ def _built():
 
 def _load():
     """Build (or find) the library and load it; a cached one that does not load is rebuilt once."""
-    compiler, flags, target = _recipe()
-    fresh = _build(compiler, flags, target)
+    compiler, flags, target = build._recipe()
+    fresh = build._build(compiler, flags, target)
     try:
         return _declare(ctypes.CDLL(str(target)))
     except (OSError, AttributeError) as error:  # not a library, or not ours: never keep loading it
@@ -260,87 +298,5 @@ def _load():
             raise
         LOG.warning("mergekit-ram: the compiled kernel %s does not load (%s); rebuilding it", target, error)
         target.unlink()
-        _build(compiler, flags, target)
+        build._build(compiler, flags, target)
         return _declare(ctypes.CDLL(str(target)))
-
-
-def target() -> Path:
-    """Where the library for this source, compiler and CPU lives (built or not)."""
-    return _recipe()[2]
-
-
-def find_compiler() -> str | None:
-    """The C compiler a build would use: `$CC`, else `cc` or `gcc` on PATH; None without one."""
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _recipe() -> tuple[str, list[str], Path]:
-    compiler = find_compiler()
-    if not compiler:
-        raise RuntimeError("no C compiler (cc/gcc) on PATH")
-    flags = ["-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-shared", "-fPIC", "-std=gnu11"]
-    if platform.machine().lower() in ("x86_64", "amd64"):
-        # AVX-512 where the CPU has it (gcc and clang default to 256 bits): the merge and count loops 1.5x as
-        # fast, the same bits (no reassociation: the lanes are fixed in the source)
-        flags.insert(2, "-mprefer-vector-width=512")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256(
-        "\n".join([SOURCE.read_text(), compiler, version, " ".join(flags), platform.machine(), _cpu()]).encode()
-    ).hexdigest()[:16]
-    return compiler, flags, cachedir.native() / f"ramkernel-{digest}.so"
-
-
-def _build(compiler: str, flags: list[str], target: Path) -> bool:
-    """Compile into `target` unless a safe one is there; True when it was compiled now."""
-    folder = target.parent
-    if not folder.parent.exists():
-        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not folder.exists():
-        folder.mkdir(mode=0o700, exist_ok=True)
-    _check_private(folder.parent, "cache folder", follow=True)
-    _check_private(folder, "kernel folder")
-    if os.path.lexists(target):
-        _check_private(target, "compiled kernel")
-        return False
-    fd, tmp = tempfile.mkstemp(prefix=".ramkernel-", suffix=".so", dir=folder)
-    os.close(fd)
-    try:
-        done = subprocess.run([compiler, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"compiling {SOURCE.name} with {compiler} failed: {done.stderr.strip()[-500:]}")
-        os.chmod(tmp, 0o700)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    _check_private(target, "compiled kernel")
-    return True
-
-
-def _check_private(path: Path, what: str, *, follow: bool = False) -> None:
-    """UnsafeLocation unless `path` is owned by this user and writable by no one else
-    (and, unless `follow`, not a symbolic link)."""
-    st = os.stat(path) if follow else os.lstat(path)
-    uid = os.geteuid()
-    problem = None
-    if stat.S_ISLNK(st.st_mode):
-        problem = "it is a symbolic link"
-    elif st.st_uid != uid:
-        problem = f"it belongs to uid {st.st_uid}, not to you (uid {uid})"
-    elif st.st_mode & 0o022:
-        problem = f"others can write to it (mode {stat.S_IMODE(st.st_mode):o}; `chmod go-w {path}` fixes that)"
-    elif what == "compiled kernel" and not stat.S_ISREG(st.st_mode):
-        problem = "it is not a regular file"
-    elif what != "compiled kernel" and not stat.S_ISDIR(st.st_mode):
-        problem = "it is not a folder"
-    if problem:
-        raise UnsafeLocation(f"refusing the {what} {path}: {problem}")
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = [line for line in f if line.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor()

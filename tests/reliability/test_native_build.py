@@ -26,7 +26,7 @@ import torch
 from helpers import NEEDS_COMPILER
 
 import mergekit_ram
-from mergekit_ram.core import native
+from mergekit_ram.core import build, native
 
 LOGGER = "mergekit_ram"
 
@@ -80,24 +80,46 @@ def test_fresh_build_is_private(rel, fresh):
     _merge_checks(rel)
 
 
+#: a "compiler" that answers `--version` and fails every build (a compiler that cannot build the source)
+FAILING_CC = '#!/bin/sh\nif [ "$1" = --version ]; then echo "fakecc 1.0"; exit 0; fi\necho "fakecc: error: no" >&2\nexit 1\n'
+
+
 @pytest.mark.parametrize(
-    "cc", ["/bin/false", "/nonexistent/cc", None], ids=["CC=/bin/false", "CC-missing", "no-compiler"]
+    "cc, cause",
+    [
+        ("/bin/false", "no C compiler found"),
+        ("/nonexistent/cc", "no C compiler found"),
+        (None, "no C compiler found"),
+        ("FAILING", "the build failed"),
+    ],
+    ids=["CC=/bin/false", "CC-missing", "no-compiler", "build-fails"],
 )
 @pytest.mark.quick
-def test_build_failure_falls_back(rel, fresh, monkeypatch, caplog, cc):
+def test_build_failure_falls_back(rel, fresh, monkeypatch, caplog, tmp_path, cc, cause):
+    """Issue 53: one line, once, naming why (the cause first) and what it costs; the torch kernel's merge."""
     rel.fault()
     cache = fresh()
     if cc is None:
         monkeypatch.delenv("CC", raising=False)
-        monkeypatch.setattr(native.shutil, "which", lambda _name: None)
+        monkeypatch.setattr(build.shutil, "which", lambda _name: None)
+    elif cc == "FAILING":
+        cc = tmp_path / "fakecc"
+        cc.write_text(FAILING_CC)
+        cc.chmod(0o755)
+        monkeypatch.setenv("CC", str(cc))
     else:
         monkeypatch.setenv("CC", cc)
     assert native.library() is None
+    assert native.library() is None  # asked again: no second build, no second line
+    _merge_checks(rel)
     (message,) = [m for m in _warnings(caplog) if "fast CPU kernel unavailable" in m]
-    rel.names(message, cc or "no C compiler", "torch kernel")
+    rel.names(message, f"unavailable: {cause} (", str(cc) if cc else "no cc or gcc on PATH", "torch kernel runs")
+    assert "same results" in message and "task_arithmetic" in message and "\n" not in message, message
+    assert native.status() == f"cannot be built: {native._failed}; the torch kernel runs, the same results, slower"
+    if cause == "the build failed":
+        assert "fakecc: error: no" in message, message
     folder = cache / "native"
     assert not folder.exists() or not list(folder.iterdir()), "a temp or partial library was left"
-    _merge_checks(rel)
 
 
 @pytest.mark.quick
@@ -149,7 +171,10 @@ def test_exposed_library_is_refused(rel, fresh, caplog, how):
     assert native.library() is None
     (message,) = [m for m in _warnings(caplog) if "fast CPU kernel unavailable" in m]
     rel.names(
-        message, "refusing the compiled kernel", target, "uid 65534" if how == "other-user" else "others can write"
+        message,
+        "the folder is unsafe (refusing the compiled kernel",
+        target,
+        "uid 65534" if how == "other-user" else "others can write",
     )
     assert target.read_bytes() == b"planted, never to be loaded", "a refused library was touched"
     _merge_checks(rel)
@@ -173,9 +198,11 @@ def test_exposed_folder_is_refused(rel, fresh, tmp_path, caplog, how):
         private.mkdir(mode=0o700)
         (cache / "native").symlink_to(private, target_is_directory=True)
         culprit, words = cache / "native", "symbolic link"
+    said = native.status()  # --version's line, before any build
+    rel.names(said, "cannot be built: the folder is unsafe (refusing", culprit, words)
     assert native.library() is None
     (message,) = [m for m in _warnings(caplog) if "fast CPU kernel unavailable" in m]
-    rel.names(message, "refusing", culprit, words)
+    rel.names(message, "the folder is unsafe (refusing", culprit, words)
     _merge_checks(rel)
 
 
@@ -208,6 +235,7 @@ def test_without_a_compiler_the_build_cases_skip(tmp_path):
     summary = out.strip().splitlines()[-1]
     skipped = int(re.search(r"(\d+) skipped", summary).group(1))
     assert " failed" not in summary and " error" not in summary, summary
-    # CC=/bin/false, CC missing, no compiler run (3); the kernel-folder test x3, 4 + 2 + 3 here, and this test, skip
-    assert re.search(r"\b3 passed\b", summary) and skipped == 3 + 4 + 2 + 3 + 1, summary
+    # CC=/bin/false, CC missing, no compiler, a failing build run (4); the kernel-folder test x3, 4 + 2 + 3 here,
+    # and this test, skip
+    assert re.search(r"\b4 passed\b", summary) and skipped == 3 + 4 + 2 + 3 + 1, summary
     assert out.count("no C compiler ($CC, cc or gcc)") >= 1, out[-3000:]
