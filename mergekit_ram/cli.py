@@ -339,9 +339,6 @@ class _Commands(click.Group):
             formatter.write_dl([(name, text) for name, (text, _) in COMMANDS.items()])
 
 
-_VERSION = "Show the version, and whether the fused CPU kernel is in use, and exit."
-
-
 def _version(ctx: click.Context, _param: click.Parameter, wanted: bool) -> None:
     """The version, then the fused CPU kernel's state (`native.status`: nothing is built, torch is not imported)."""
     if not wanted or ctx.resilient_parsing:
@@ -352,22 +349,17 @@ def _version(ctx: click.Context, _param: click.Parameter, wanted: bool) -> None:
     ctx.exit()
 
 
-@click.group(
-    PROG,
-    cls=_Commands,
-    help="Helpers for RAM / RAM+ merging with mergekit (merge_method: ramplus).",
-    invoke_without_command=False,
-)
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version, help=_VERSION)
+@click.group(PROG, cls=_Commands, help="Helpers for RAM / RAM+ merging with mergekit (merge_method: ramplus).")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Show the version, and whether the fused CPU kernel is in use, and exit.")  # fmt: skip
 def _group() -> None:
     pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``mergekit-ram``; returns the exit code: 0 ok, 1 an input model that cannot be read or counted
-    (a damaged or unreadable file, a NaN, a shape or dtype mismatch) or a folder ``verify`` finds not
-    identical, 2 a usage error (an option, the config, a missing file named on the command line),
-    130 interrupted."""
+    """Run ``mergekit-ram``; returns the exit code: 0 ok, 1 an input model that cannot be read or counted (a damaged
+    file, a NaN, a shape or dtype mismatch) or a folder ``verify`` finds not identical, 2 a usage error (an option,
+    the config, a missing file named on the command line), 3 ``verify`` cannot check, 130 interrupted."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         click.echo(_group.get_help(click.Context(_group, info_name=PROG)), err=True)
