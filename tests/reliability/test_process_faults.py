@@ -97,7 +97,8 @@ def _env(cache_dir: Path, **extra) -> dict:
 
 def _stopped_line(stderr: str) -> str:
     """mergekit-ram's one line about the interrupted output (beside mergekit's own output)."""
-    lines = [line for line in stderr.splitlines() if "mergekit-ram: the merge into" in line]
+    # a command's process shows the plugin's log records as `mergekit-ram: LEVEL: ...` (issue 54)
+    lines = [line for line in stderr.splitlines() if "mergekit-ram: error: the merge into" in line]
     assert lines, stderr[-3000:]
     return lines[-1]
 
