@@ -97,8 +97,10 @@ def _env(cache_dir: Path, **extra) -> dict:
 
 def _stopped_line(stderr: str) -> str:
     """mergekit-ram's one line about the interrupted output (beside mergekit's own output)."""
-    # a command's process shows the plugin's log records as `mergekit-ram: LEVEL: ...` (issue 54)
-    lines = [line for line in stderr.splitlines() if "mergekit-ram: error: the merge into" in line]
+    # `mergekit-ram: error: the merge into ...` from a command (issue 54: the plugin's log records so), and
+    # Python logging's `ERROR:mergekit_ram:mergekit-ram: the merge into ...` from a script
+    said = ("mergekit-ram: error: the merge into", "mergekit-ram: the merge into")
+    lines = [line for line in stderr.splitlines() if any(s in line for s in said)]
     assert lines, stderr[-3000:]
     return lines[-1]
 
