@@ -241,6 +241,61 @@ def test_regime_seed_tunes_merges_and_publishes_what_replays(tmp_path):
         again._adopt(run.Stage(tmp_path / "root2" / "other", "missing", {}), "agent")
 
 
+def test_headroom_seed_reports_the_share_of_each_gain_kept(tmp_path):
+    """The headroom configuration (issue 51) end to end on tiny random actors: one seed as the regime run's
+    (tuning, DARE's draws, interpolation), then the report over three seeds with the share of each specialist's gain
+    that each merge keeps on its task, (merge − base) / (specialist − base): checked here on set outcomes, its
+    interval covering it, and results.md regenerated from results.json."""
+    import regime
+
+    assert run.published_folder(run.CONFIGS["headroom"]) == run.HERE / "results" / "headroom"
+    assert run.published_folder(run.CONFIGS["regime"]) == run.REGIME_RESULTS
+    gen = torch.Generator().manual_seed(4)
+    base = _actor(gen)
+    _stage_folder(tmp_path / "base", base, "kbase")
+    agents = {}
+    for task in TASKS:
+        sd = {k: v + torch.randn(v.shape, generator=gen) * 0.05 for k, v in base.items()}
+        agents[task] = (_stage_folder(tmp_path / f"agent-{task}", sd, f"k{task}"), f"k{task}")
+    cfg = json.loads(json.dumps(run.CONFIGS["headroom-smoke"]))
+    cfg.update({k: v for k, v in _regime_cfg().items() if k not in ("gain_kept", "published")})
+    pipe = run.Pipeline(cfg, tmp_path / "root", seed=0)
+    pipe.multitask = None
+    result = run.run_regime(pipe, tmp_path / "base", "kbase", agents)
+    assert len(result["per_draw"]["dare_linear (tuned)"]) == 2
+
+    # set outcomes, 4 episodes a task: every row 1 of 4 but each specialist 3 of 4 (+50 points) and ramplus 2 of 4
+    # in seed 0 and 3 of 4 in seeds 1 and 2 (kept: 50 %, 100 %, 100 %; ratio of the means 5/6)
+    runs = []
+    for s in (0, 1, 2):
+        success = {row: {t: [1, 0, 0, 0] for t in TASKS} for row in result["success"]}
+        for t in TASKS:
+            success[f"{t} agent"][t] = [1, 1, 1, 0]
+            success["ramplus"][t] = [1, 1, 0, 0] if s == 0 else [1, 1, 1, 0]
+        runs.append({**result, "seed": s, "success": success})
+    res = policy_report.build_regime(cfg, runs, {"cpu": "test"}, None, "headroom-smoke", 1.0, reps=200)
+    kept = res["kept"]["ramplus"]
+    for t in TASKS:
+        k = kept["tasks"][t]
+        assert k["per_seed"] == pytest.approx([0.5, 1.0, 1.0])
+        assert k["kept"] == pytest.approx(5 / 6) and k["mean_per_seed"] == pytest.approx(5 / 6)
+        assert k["ci"][0] <= 5 / 6 <= k["ci"][1]
+    assert kept["mean"] == pytest.approx(5 / 6)
+    assert res["kept"]["linear"]["tasks"][TASKS[0]]["per_seed"] == [0.0, 0.0, 0.0]
+    assert res["kept"]["linear"]["tasks"][TASKS[0]]["ci"] == [0.0, 0.0]
+    assert "base" not in res["kept"] and f"{TASKS[0]} agent" not in res["kept"]
+    # the same base and specialists' episodes give the same resamples in every row (paired)
+    boot = regime.gain_replicates(runs, ["base", "linear"], TASKS[0], 20)
+    np.testing.assert_array_equal(boot["base"], boot["linear"])
+
+    out = tmp_path / "published"
+    policy_report.write_regime(res, out)
+    published = json.loads((out / "results.json").read_text())
+    text = (out / "results.md").read_text()
+    assert text == policy_report.markdown_regime(published)
+    assert "Share of each specialist's gain" in text and "| ramplus (r=0.1, α=2) | 83 [" in text
+
+
 def test_merge_batch_gives_mergekit_pytorchs_bytes(tmp_path):
     """The in-process batch is `mergekit-pytorch` itself: a dare_linear merge (random masks) gives the same bytes
     as the command with the same --random-seed and PYTHONHASHSEED."""

@@ -511,6 +511,14 @@ def build_regime(cfg, runs, machine, commit, config_name, seconds, reps: int | N
                 "detectable_80": _num(R.detectable(list(d))),
                 "verdict": verdict,
             }
+    kept = {}
+    if cfg.get("gain_kept"):  # the paper's measure: the share of each specialist's gain a policy keeps on its task
+        for row in rows:
+            if _kind(row, tasks) in ("merge", "reference"):
+                kept[row] = R.kept_share(runs, row, tasks, reps)
+                for k in kept[row]["tasks"].values():
+                    t_ci = seed_interval([x for x in k["per_seed"] if x is not None])
+                    k["seed_ci"] = None if t_ci is None else [_num(v) for v in t_ci]
     names = published_names(runs)
     agents_regime = {str(run["seed"]): run["regime"] for run in runs}
     interpolation = {
@@ -566,6 +574,7 @@ def build_regime(cfg, runs, machine, commit, config_name, seconds, reps: int | N
         },
         "models": models,
         "gains": gains,
+        **({"kept": kept} if cfg.get("gain_kept") else {}),
         "ramplus_vs": comparisons,
         "regime": agents_regime,
         "interpolation": interpolation,
@@ -611,6 +620,26 @@ def markdown_regime(res: dict) -> str:
         seeds_txt = ", ".join(f"{100 * x:+.0f}" for x in g["per_seed"])
         bar = "every seed ≥ 20" if g["meets_bar_20_points_every_seed"] else "below 20 points in some seed"
         out.append(f"- {t}: base {_pct(g['base'])}, specialist {_pct(g['specialist'])}; {seeds_txt} ({bar})")
+    if res.get("kept"):
+        out += [
+            "",
+            "Share of each specialist's gain on its own task that each policy keeps, (policy − base) / (specialist − "
+            "base), in %: the ratio of the gains' means over the seeds with its two-stage bootstrap interval (seeds, "
+            "then each seed's episodes, paired), the mean of the per-seed shares with a Student-t interval over the "
+            "seeds, and the mean over the tasks of the ratios (100 % keeps the whole gain; 0 % the base's level):",
+            "",
+            "| policy | " + " | ".join(f"{t}: kept [95 % CI] | per-seed mean [t]" for t in tasks) + " | mean over "
+            "tasks [95 % CI] |",
+            "|" + "---|" * (2 * len(tasks) + 2),
+        ]
+        for row, k in res["kept"].items():
+            cells = [regime_label(row)]
+            for t in tasks:
+                x = k["tasks"][t]
+                cells.append(f"{_pct(x['kept'], 0)} {_ci(x['ci'])}")
+                cells.append(f"{_pct(x['mean_per_seed'], 0)} {_ci(x['seed_ci'])}".strip())
+            cells.append(f"{_pct(k['mean'], 0)} {_ci(k['mean_ci'])}")
+            out.append("| " + " | ".join(cells) + " |")
     if res["ramplus_vs"]:
         out += [
             "",
