@@ -173,6 +173,33 @@ def test_training_smoke_run(tmp_path):
     assert not torch.equal(tuned["latent_pi.0.weight"][:, 40], base["latent_pi.0.weight"][:, 40])
 
 
+def test_finetune_keeps_the_best_checkpoint_on_held_out_variations(tmp_path, monkeypatch):
+    """`select`: the fine-tuning's actor is its checkpoint with the best held-out success (the tuning set), an
+    earlier one on a tie. A checkpoint at step n is taken after that environment step, before its gradient update,
+    and training is the same with or without the selection's evaluations: the actor chosen at step 50 is the
+    49-step run's actor, byte for byte."""
+    sac = {**run.SAC, "net_arch": [8, 8], "batch": 16, "learning_starts": 40, "log_every": 1000, "train_freq": 1}
+    log = lambda msg: None  # noqa: E731
+    rl.train_base(tmp_path / "base", TASKS, {**sac, "steps": 60}, horizon=10, seed=0, log=log)
+    agent = {**sac, "warmup": 20, "fresh_optimizer": True}
+    zip_ = tmp_path / "base" / "sac.zip"
+    rl.finetune(tmp_path / "plain", zip_, TASKS[1], TASKS, {**agent, "steps": 49}, 10, seed=1, log=log)
+    calls = []
+
+    def scores(actor, task, tasks, episodes, horizon, seed, variation_seed=0, first=0):
+        assert variation_seed == rl.TUNING_SEED and task == TASKS[1]
+        calls.append(1)
+        return [1, 0] if len(calls) in (1, 3) else [0, 0]  # steps 50 and 150 best, tied
+
+    monkeypatch.setattr(rl, "evaluate", scores)
+    picked = {**agent, "steps": 150, "select": {"every": 50, "episodes": 2}}
+    meta = rl.finetune(tmp_path / "picked", zip_, TASKS[1], TASKS, picked, 10, seed=1, log=log)
+    assert [r["steps"] for r in meta["selection"]] == [50, 100, 150] and meta["selected"] == 50
+    assert meta["selection"][0]["success"] == {TASKS[1]: 0.5}
+    chosen = (tmp_path / "picked" / "actor.safetensors").read_bytes()
+    assert chosen == (tmp_path / "plain" / "actor.safetensors").read_bytes()
+
+
 def _regime_cfg() -> dict:
     cfg = json.loads(json.dumps(run.CONFIGS["regime-smoke"]))
     cfg.update(tasks=TASKS, horizon=8, multitask=False, merges=["linear", "ramplus"], interpolate=[0.5], jobs=1)
