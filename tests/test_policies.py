@@ -271,7 +271,7 @@ def test_regime_seed_tunes_merges_and_publishes_what_replays(tmp_path):
 def test_headroom_seed_reports_the_share_of_each_gain_kept(tmp_path):
     """The headroom configuration (issue 51) end to end on tiny random actors: one seed as the regime run's
     (tuning, DARE's draws, interpolation), then the report over three seeds with the share of each specialist's gain
-    that each merge keeps on its task, (merge − base) / (specialist − base): checked here on set outcomes, its
+    that each merge keeps on its task, (merge - base) / (specialist - base): checked here on set outcomes, its
     interval covering it, and results.md regenerated from results.json."""
     import regime
 
@@ -299,7 +299,9 @@ def test_headroom_seed_reports_the_share_of_each_gain_kept(tmp_path):
         for t in TASKS:
             success[f"{t} agent"][t] = [1, 1, 1, 0]
             success["ramplus"][t] = [1, 1, 0, 0] if s == 0 else [1, 1, 1, 0]
-        runs.append({**result, "seed": s, "success": success})
+        chosen = {"seconds": 1.0, "cached": False, "selected": 100, "selection": [{"steps": 100, "success": {TASKS[0]:
+                  0.5}}, {"steps": 200, "success": {TASKS[0]: 0.25}}]}  # fmt: skip
+        runs.append({**result, "seed": s, "success": success, "stages": {**result["stages"], "agent x": chosen}})
     res = policy_report.build_regime(cfg, runs, {"cpu": "test"}, None, "headroom-smoke", 1.0, reps=200)
     kept = res["kept"]["ramplus"]
     for t in TASKS:
@@ -321,6 +323,7 @@ def test_headroom_seed_reports_the_share_of_each_gain_kept(tmp_path):
     text = (out / "results.md").read_text()
     assert text == policy_report.markdown_regime(published)
     assert "Share of each specialist's gain" in text and "| ramplus (r=0.1, α=2) | 83 [" in text
+    assert "- seed 2: x 100 (50, 25)" in text  # the checkpoint each specialist kept
 
 
 def test_merge_batch_gives_mergekit_pytorchs_bytes(tmp_path):

@@ -620,10 +620,20 @@ def markdown_regime(res: dict) -> str:
         seeds_txt = ", ".join(f"{100 * x:+.0f}" for x in g["per_seed"])
         bar = "every seed ≥ 20" if g["meets_bar_20_points_every_seed"] else "below 20 points in some seed"
         out.append(f"- {t}: base {_pct(g['base'])}, specialist {_pct(g['specialist'])}; {seeds_txt} ({bar})")
+    chosen = {seed: {n: st for n, st in stages.items() if st.get("selected") is not None}
+              for seed, stages in res["stages"].items()}  # fmt: skip
+    if any(chosen.values()):
+        out += ["", "Checkpoints chosen on held-out variations (the step; held-out success at each checkpoint, %):", ""]
+        for seed, per in chosen.items():
+            parts = []
+            for n, st in per.items():
+                curve = ", ".join(f"{100 * np.mean(list(r['success'].values())):.0f}" for r in st["selection"])
+                parts.append(f"{n.removeprefix('agent ')} {st['selected']} ({curve})")
+            out.append(f"- seed {seed}: " + "; ".join(parts))
     if res.get("kept"):
         out += [
             "",
-            "Share of each specialist's gain on its own task that each policy keeps, (policy − base) / (specialist − "
+            "Share of each specialist's gain on its own task that each policy keeps, (policy - base) / (specialist - "
             "base), in %: the ratio of the gains' means over the seeds with its two-stage bootstrap interval (seeds, "
             "then each seed's episodes, paired), the mean of the per-seed shares with a Student-t interval over the "
             "seeds, and the mean over the tasks of the ratios (100 % keeps the whole gain; 0 % the base's level):",

@@ -125,7 +125,7 @@ def gain_replicates(runs: Sequence[Mapping], rows: Sequence[str], task: str, rep
 
 def kept_share(runs: Sequence[Mapping], row: str, tasks: Sequence[str], reps: int, seed: int = 1) -> dict:
     """The share of each specialist's gain on its own task that `row` keeps (the paper's measure):
-    (row − base) / (specialist − base) on task t, per seed and as the ratio of the gains' means over the seeds, with
+    (row - base) / (specialist - base) on task t, per seed and as the ratio of the gains' means over the seeds, with
     a two-stage bootstrap interval of that ratio (seeds drawn, then each drawn seed's episodes, the same draws for
     base, specialist and `row`); "mean" averages the tasks' ratios on the same draws. A seed whose specialist did
     not gain has no per-seed share (None), and a draw whose gains sum to ≤ 0 no ratio (counted, left out)."""

@@ -292,7 +292,7 @@ class Pipeline:
         for row, task, _, payload, _ in todo:
             stage = Stage(out[row][0].parent, out[row][1], payload)
             name = row if row == "multitask SAC" else f"agent {task}"
-            self._record(name, stage.meta(), stage.folder not in built, ("curve",))
+            self._record(name, stage.meta(), stage.folder not in built, ("curve", "selection", "selected"))
         #: the multi-task reference's (actor file, stage key), or None
         self.multitask = out.get("multitask SAC")
         return {t: out[f"{t} agent"] for t in self.tasks}

@@ -117,8 +117,15 @@ def adopt(args) -> int:
     cfg = copy.deepcopy(run.CONFIGS[args.config])
     base = cfg["base"]
     ran = record["args"]
-    want = {"kind": "base", "tasks": cfg.get("base_tasks", cfg["tasks"]), "steps": base["steps"],
-            "seed": base["seed"], "horizon": cfg["horizon"], "lr": base["lr"], "train_freq": base["train_freq"]}
+    want = {
+        "kind": "base",
+        "tasks": cfg.get("base_tasks", cfg["tasks"]),
+        "steps": base["steps"],
+        "seed": base["seed"],
+        "horizon": cfg["horizon"],
+        "lr": base["lr"],
+        "train_freq": base["train_freq"],
+    }
     got = {"kind": record["kind"], **{k: ran[k] for k in want if k != "kind"}}
     if got != want:
         raise SystemExit(f"screen {args.name} is not {args.config}'s base run: {got} != {want}")
