@@ -326,6 +326,33 @@ def test_headroom_seed_reports_the_share_of_each_gain_kept(tmp_path):
     assert "- seed 2: x 100 (50, 25)" in text  # the checkpoint each specialist kept
 
 
+def test_unfinished_seeds_publish_their_finished_stages(tmp_path):
+    """`--publish-stages`: the base and each finished agent stage go into the publication's stages.json (the
+    entries already there kept), and a later run in another cache adopts them instead of training them."""
+    cfg = json.loads(json.dumps(run.CONFIGS["headroom-smoke"]))
+    root, out = tmp_path / "root", tmp_path / "published"
+    gen = torch.Generator().manual_seed(5)
+    pipe = run.Pipeline(cfg, root, seed=1)
+    base = pipe.base_stage()
+    _stage_folder(base.folder, _actor(gen), base.key)
+    (base.folder / "sac.zip").write_bytes(b"sac")
+    first = pipe.agent_stages(base.key)[0]  # the first task's specialist: finished; the rest: not
+    _stage_folder(first[-1].folder, _actor(gen), first[-1].key)
+    out.mkdir()
+    (out / "stages.json").write_text(json.dumps({"earlier": {"files": {}, "meta": {}}}))
+    assert run.main(["--config", "headroom-smoke", "--publish-stages", "--root", str(root), "--out", str(out),
+                     "--seeds", "1"]) == 0  # fmt: skip
+    index = json.loads((out / "stages.json").read_text())
+    assert set(index) == {"earlier", base.key, first[-1].key}
+    assert index[first[-1].key]["files"] == {"actor.safetensors": f"policies/seed1/{TASKS[0]}_agent.safetensors"}
+    assert (out / "base" / "sac.zip").read_bytes() == b"sac"
+
+    again = run.Pipeline(cfg, tmp_path / "root2", seed=1, published=out, replay=True)
+    stage = again.agent_stages(again.base_stage().key)[0][-1]
+    again._adopt(stage, "agent")
+    assert (stage.folder / "actor.safetensors").read_bytes() == (first[-1].folder / "actor.safetensors").read_bytes()
+
+
 def test_merge_batch_gives_mergekit_pytorchs_bytes(tmp_path):
     """The in-process batch is `mergekit-pytorch` itself: a dare_linear merge (random masks) gives the same bytes
     as the command with the same --random-seed and PYTHONHASHSEED."""

@@ -258,25 +258,11 @@ class Pipeline:
     def agents(self, base: Path, base_key: str) -> dict[str, tuple[Path, str]]:
         """One specialist per task, and with `multitask` the multi-task reference (row `multitask SAC`): the base
         trained on all tasks with the agents' settings and their total budget. `jobs` train at a time."""
-        todo = []
-        for task in self.tasks:
-            sac = agent_settings(self.cfg, task)
-            payload = {"base": base_key, "task": task, "sac": sac, "seed": self.seed}
-            if self.layout != self.tasks:
-                payload["layout"] = self.layout
-            todo.append((f"{task} agent", task, sac, payload, seed_of("agent", task, self.seed)))
-        if self.cfg.get("multitask"):
-            sac = {**self.cfg["agent"], "steps": self.cfg["agent"]["steps"] * len(self.tasks)}
-            sac.pop("per_task", None)
-            payload = {"base": base_key, "task": self.tasks, "layout": self.layout, "sac": sac, "seed": self.seed}
-            todo.append(("multitask SAC", self.tasks, sac, payload, seed_of("multitask", self.seed)))
         out, missing = {}, []
-        for row, task, sac, payload, seed in todo:
-            key = self.key_of("pagent", payload)
-            label = "multitask" if row == "multitask SAC" else task
-            stage = Stage(self.root / f"agent-{label}-{key}", key, payload)
+        todo = self.agent_stages(base_key)
+        for row, task, sac, seed, stage in todo:
             self._adopt(stage, row)
-            out[row] = (stage.folder / "actor.safetensors", key)
+            out[row] = (stage.folder / "actor.safetensors", stage.key)
             if not stage.done:
                 missing.append((row, task, sac, seed, stage))
         args = [(str(base / "sac.zip"), t, self.layout, sac, self.cfg["horizon"], seed, self.seed, str(st.folder),
@@ -289,13 +275,34 @@ class Pipeline:
                 for a in args:
                     _train_one(*a)
         built = {st.folder for *_, st in missing}
-        for row, task, _, payload, _ in todo:
-            stage = Stage(out[row][0].parent, out[row][1], payload)
+        for row, task, _, _, stage in todo:
             name = row if row == "multitask SAC" else f"agent {task}"
             self._record(name, stage.meta(), stage.folder not in built, ("curve", "selection", "selected"))
         #: the multi-task reference's (actor file, stage key), or None
         self.multitask = out.get("multitask SAC")
         return {t: out[f"{t} agent"] for t in self.tasks}
+
+    def agent_stages(self, base_key: str) -> list[tuple]:
+        """[(row, task(s), SAC settings, SAC seed, Stage)]: each specialist's stage, then the multi-task
+        reference's."""
+        todo = []
+        for task in self.tasks:
+            sac = agent_settings(self.cfg, task)
+            payload = {"base": base_key, "task": task, "sac": sac, "seed": self.seed}
+            if self.layout != self.tasks:
+                payload["layout"] = self.layout
+            todo.append((f"{task} agent", task, sac, payload, seed_of("agent", task, self.seed)))
+        if self.cfg.get("multitask"):
+            sac = {**self.cfg["agent"], "steps": self.cfg["agent"]["steps"] * len(self.tasks)}
+            sac.pop("per_task", None)
+            payload = {"base": base_key, "task": self.tasks, "layout": self.layout, "sac": sac, "seed": self.seed}
+            todo.append(("multitask SAC", self.tasks, sac, payload, seed_of("multitask", self.seed)))
+        out = []
+        for row, task, sac, payload, seed in todo:
+            key = self.key_of("pagent", payload)
+            label = "multitask" if row == "multitask SAC" else task
+            out.append((row, task, sac, seed, Stage(self.root / f"agent-{label}-{key}", key, payload)))
+        return out
 
     # -- merges -------------------------------------------------------------
     def merge_config(self, spec, base: Path, agents: dict[str, Path], dtype: str) -> dict:
@@ -662,6 +669,36 @@ def run_regime(pipe: Pipeline, base: Path, base_key: str, agents: dict[str, tupl
     }
 
 
+def publish_stages(cfg: dict, root: Path, out: Path, seeds: list[int]) -> dict[str, str]:
+    """The base and every finished agent stage of `seeds` in the cache, copied into `out` (`base/`,
+    `policies/seedS/`) and added to its `stages.json`, so that a later run, in a fresh checkout too, adopts them
+    instead of training them: the seeds that a session did not finish keep what they trained. Nothing is trained.
+    Run it after the report's `--overwrite` (which rewrites `stages.json` from the finished seeds alone).
+    {stage key: published file}."""
+    index_path = out / "stages.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {}
+    done = {}
+    for seed in seeds:
+        pipe = Pipeline(cfg, root, seed)
+        base = pipe.base_stage()
+        if not base.done:
+            continue
+        entries = [(base, {"actor.safetensors": "base/actor.safetensors", "sac.zip": "base/sac.zip"})]
+        for row, *_, stage in pipe.agent_stages(base.key):
+            if stage.done:  # the report's names (policy_report.published_names)
+                name = f"policies/seed{seed}/{row.replace(' ', '_')}.safetensors"
+                entries.append((stage, {"actor.safetensors": name}))
+        for stage, files in entries:
+            for src, dest in files.items():
+                (out / dest).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(stage.folder / src, out / dest)
+            index[stage.key] = {"files": files, "meta": stage.meta()}
+            done[stage.key] = files["actor.safetensors"]
+    out.mkdir(parents=True, exist_ok=True)
+    index_path.write_text(json.dumps(index, indent=1))
+    return done
+
+
 def git_commit() -> str | None:
     """HEAD, with `+changes` when the package or this benchmark differ from it (the run used uncommitted code)."""
     import subprocess
@@ -715,7 +752,20 @@ def main(argv: list[str] | None = None) -> int:
         help="re-merge and re-evaluate a publication from its published actors, with its configuration; nothing is "
         "trained (e.g. benchmarks/policies/results/regime)",
     )
+    ap.add_argument(
+        "--publish-stages",
+        action="store_true",
+        help="copy the base and every finished agent stage of --seeds from --root into --out and its stages.json "
+        "(nothing is trained): what an unfinished session leaves for the next",
+    )
     args = ap.parse_args(argv)
+    if args.publish_stages:
+        cfg = staging.apply_overrides(copy.deepcopy(CONFIGS[args.config]), args.set)
+        if not args.out:
+            raise SystemExit("--publish-stages needs --out")
+        done = publish_stages(cfg, args.root.resolve(), args.out.resolve(), args.seeds or cfg["seeds"])
+        log(f"published {len(done)} stages in {args.out}: " + ", ".join(sorted(set(done.values()))))
+        return 0
     if args.replay:
         published = json.loads((args.replay / "results.json").read_text())
         cfg, name = published["config"], published["config_name"]
