@@ -646,9 +646,9 @@ def markdown_regime(res: dict) -> str:
             cells = [regime_label(row)]
             for t in tasks:
                 x = k["tasks"][t]
-                cells.append(f"{_pct(x['kept'], 0)} {_ci(x['ci'])}")
+                cells.append(f"{_pct(x['kept'], 0)} {_ci(x['ci'])}".strip())
                 cells.append(f"{_pct(x['mean_per_seed'], 0)} {_ci(x['seed_ci'])}".strip())
-            cells.append(f"{_pct(k['mean'], 0)} {_ci(k['mean_ci'])}")
+            cells.append(f"{_pct(k['mean'], 0)} {_ci(k['mean_ci'])}".strip())
             out.append("| " + " | ".join(cells) + " |")
     if res["ramplus_vs"]:
         out += [

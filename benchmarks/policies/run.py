@@ -168,6 +168,7 @@ CONFIGS["headroom"] = {
 }
 CONFIGS["headroom-smoke"] = {
     **CONFIGS["regime-smoke"],
+    "agent": {**CONFIGS["regime-smoke"]["agent"], "select": {"every": 100, "episodes": 2}},
     "gain_kept": True,
     "published": "results/headroom",
 }
