@@ -324,6 +324,7 @@ def test_headroom_seed_reports_the_share_of_each_gain_kept(tmp_path):
     assert text == policy_report.markdown_regime(published)
     assert "Share of each specialist's gain" in text and "| ramplus (r=0.1, α=2) | 83 [" in text
     assert "- seed 2: x 100 (50, 25)" in text  # the checkpoint each specialist kept
+    assert (out / "kept.png").exists() and (out / "regime.png").exists()
 
 
 def test_unfinished_seeds_publish_their_finished_stages(tmp_path):

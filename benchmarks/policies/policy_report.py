@@ -806,6 +806,33 @@ def chart_regime(res: dict, out: Path) -> None:
     fig.savefig(out / "regime.png", dpi=110)
     plt.close(fig)
 
+    if res.get("kept"):  # kept.png: the share of each specialist's gain each policy keeps, per task
+        kept = res["kept"]
+        names = list(kept)
+        fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(4 * (len(tasks) + 1), 1.5 + 0.34 * len(names)),
+                                 sharey=True, constrained_layout=True)  # fmt: skip
+        for ax, t in zip(axes, [*tasks, None], strict=True):
+            for i, r in enumerate(names):
+                k = kept[r] if t is None else kept[r]["tasks"][t]
+                x, ci = (k["mean"], k["mean_ci"]) if t is None else (k["kept"], k["ci"])
+                color = "tab:red" if r.startswith("ramplus") else "tab:blue"
+                if x is not None and ci is not None:
+                    ax.errorbar(100 * x, i, xerr=[[100 * (x - ci[0])], [100 * (ci[1] - x)]], fmt="o", color=color,
+                                capsize=3)  # fmt: skip
+                if t is not None:
+                    per = [100 * v for v in k["per_seed"] if v is not None]
+                    ax.scatter(per, [i] * len(per), s=8, color=color, alpha=0.35)
+            ax.axvline(0, color="black", lw=0.8)
+            ax.axvline(100, color="black", lw=0.8, ls="--")
+            ax.set_title("mean over the tasks" if t is None else t, fontsize=9)
+            ax.set_xlabel("share of the specialist's gain kept (%)")
+        axes[0].set_yticks(range(len(names)), [regime_label(r) for r in names], fontsize=8)
+        axes[0].invert_yaxis()
+        fig.suptitle("(policy - base) / (specialist - base) on each task: seeds as dots, the ratio of the mean gains "
+                     "with its 95 % two-stage interval")  # fmt: skip
+        fig.savefig(out / "kept.png", dpi=110)
+        plt.close(fig)
+
 
 def _compact(text: str) -> str:
     """JSON with every list of numbers on one line (the per-episode outcomes: a line each otherwise)."""
