@@ -217,22 +217,28 @@ def _stage_folder(folder: Path, sd: dict[str, torch.Tensor], key: str) -> Path:
     return folder / "actor.safetensors"
 
 
-def test_regime_seed_tunes_merges_and_publishes_what_replays(tmp_path):
-    """One seed of the regime run on tiny random actors: the grid is tuned on held-out variations, DARE merged at
-    two mask draws (averaged per episode), base -> specialist interpolated; the report over three seeds writes
-    per-episode outcomes, results.md regenerates from results.json, and stages.json lets a later run take the
-    published actors (a replay refuses a stage that is not there)."""
-    gen = torch.Generator().manual_seed(1)
+def _tiny_regime_seed(tmp_path: Path, cfg: dict, gen_seed: int) -> tuple[dict, dict]:
+    """A base and one agent per task with random weights (stage folders), and the regime seed 0 run on them:
+    (agents, run_regime's result)."""
+    gen = torch.Generator().manual_seed(gen_seed)
     base = _actor(gen)
     _stage_folder(tmp_path / "base", base, "kbase")
     agents = {}
     for task in TASKS:
         sd = {k: v + torch.randn(v.shape, generator=gen) * 0.05 for k, v in base.items()}
         agents[task] = (_stage_folder(tmp_path / f"agent-{task}", sd, f"k{task}"), f"k{task}")
-    cfg = _regime_cfg()
     pipe = run.Pipeline(cfg, tmp_path / "root", seed=0)
     pipe.multitask = None
-    result = run.run_regime(pipe, tmp_path / "base", "kbase", agents)
+    return agents, run.run_regime(pipe, tmp_path / "base", "kbase", agents)
+
+
+def test_regime_seed_tunes_merges_and_publishes_what_replays(tmp_path):
+    """One seed of the regime run on tiny random actors: the grid is tuned on held-out variations, DARE merged at
+    two mask draws (averaged per episode), base -> specialist interpolated; the report over three seeds writes
+    per-episode outcomes, results.md regenerates from results.json, and stages.json lets a later run take the
+    published actors (a replay refuses a stage that is not there)."""
+    cfg = _regime_cfg()
+    agents, result = _tiny_regime_seed(tmp_path, cfg, 1)
 
     assert set(result["tuning"]) == {"task_arithmetic", "dare_linear"}
     ta = result["tuning"]["task_arithmetic"]
@@ -277,18 +283,9 @@ def test_headroom_seed_reports_the_share_of_each_gain_kept(tmp_path):
 
     assert run.published_folder(run.CONFIGS["headroom"]) == run.HERE / "results" / "headroom"
     assert run.published_folder(run.CONFIGS["regime"]) == run.REGIME_RESULTS
-    gen = torch.Generator().manual_seed(4)
-    base = _actor(gen)
-    _stage_folder(tmp_path / "base", base, "kbase")
-    agents = {}
-    for task in TASKS:
-        sd = {k: v + torch.randn(v.shape, generator=gen) * 0.05 for k, v in base.items()}
-        agents[task] = (_stage_folder(tmp_path / f"agent-{task}", sd, f"k{task}"), f"k{task}")
     cfg = json.loads(json.dumps(run.CONFIGS["headroom-smoke"]))
     cfg.update({k: v for k, v in _regime_cfg().items() if k not in ("gain_kept", "published")})
-    pipe = run.Pipeline(cfg, tmp_path / "root", seed=0)
-    pipe.multitask = None
-    result = run.run_regime(pipe, tmp_path / "base", "kbase", agents)
+    _, result = _tiny_regime_seed(tmp_path, cfg, 4)
     assert len(result["per_draw"]["dare_linear (tuned)"]) == 2
 
     # set outcomes, 4 episodes a task: every row 1 of 4 but each specialist 3 of 4 (+50 points) and ramplus 2 of 4
