@@ -310,6 +310,11 @@ def test_headroom_seed_reports_the_share_of_each_gain_kept(tmp_path):
     assert res["kept"]["linear"]["tasks"][TASKS[0]]["per_seed"] == [0.0, 0.0, 0.0]
     assert res["kept"]["linear"]["tasks"][TASKS[0]]["ci"] == [0.0, 0.0]
     assert "base" not in res["kept"] and f"{TASKS[0]} agent" not in res["kept"]
+    # a specialist that gained nothing leaves no share to keep: none per seed, no ratio, no interval
+    flat = [{**r, "success": {**r["success"], f"{TASKS[1]} agent": {TASKS[1]: [1, 0, 0, 0]}}} for r in runs]
+    none = regime.kept_share(flat, "ramplus", TASKS, 50)
+    assert none["tasks"][TASKS[1]] == {**none["tasks"][TASKS[1]], "kept": None, "ci": None, "per_seed": [None] * 3}
+    assert none["mean"] is None and none["mean_ci"] is None and none["tasks"][TASKS[0]]["kept"] == pytest.approx(5 / 6)
     # the same base and specialists' episodes give the same resamples in every row (paired)
     boot = regime.gain_replicates(runs, ["base", "linear"], TASKS[0], 20)
     np.testing.assert_array_equal(boot["base"], boot["linear"])

@@ -148,7 +148,8 @@ def kept_share(runs: Sequence[Mapping], row: str, tasks: Sequence[str], reps: in
         valid = [x for x in per_seed if x is not None]
         out["tasks"][t] = {
             "kept": float(num.sum() / den.sum()) if den.sum() > 0 else None,
-            "ci": list(interval(ratio[np.isfinite(ratio)])) if np.isfinite(ratio).any() else None,
+            # no gain to keep (the specialists' mean gain ≤ 0): no ratio, and no interval
+            "ci": list(interval(ratio[np.isfinite(ratio)])) if den.sum() > 0 and np.isfinite(ratio).any() else None,
             "per_seed": per_seed,
             "mean_per_seed": float(np.mean(valid)) if valid else None,
             "undefined_draws": int((~np.isfinite(ratio)).sum()),
@@ -156,7 +157,8 @@ def kept_share(runs: Sequence[Mapping], row: str, tasks: Sequence[str], reps: in
     kept = [v["kept"] for v in out["tasks"].values()]
     both = np.mean(np.stack(draws), axis=0)
     out["mean"] = float(np.mean(kept)) if all(k is not None for k in kept) else None
-    out["mean_ci"] = list(interval(both[np.isfinite(both)])) if np.isfinite(both).any() else None
+    defined = out["mean"] is not None and np.isfinite(both).any()
+    out["mean_ci"] = list(interval(both[np.isfinite(both)])) if defined else None
     return out
 
 
