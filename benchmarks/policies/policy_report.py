@@ -636,7 +636,8 @@ def markdown_regime(res: dict) -> str:
             "Share of each specialist's gain on its own task that each policy keeps, (policy - base) / (specialist - "
             "base), in %: the ratio of the gains' means over the seeds with its two-stage bootstrap interval (seeds, "
             "then each seed's episodes, paired), the mean of the per-seed shares with a Student-t interval over the "
-            "seeds, and the mean over the tasks of the ratios (100 % keeps the whole gain; 0 % the base's level):",
+            "seeds (of the seeds whose specialist gained), and the mean over the tasks of the ratios (100 % keeps the "
+            "whole gain; 0 % the base's level):",
             "",
             "| policy | " + " | ".join(f"{t}: kept [95 % CI] | per-seed mean [t]" for t in tasks) + " | mean over "
             "tasks [95 % CI] |",
@@ -647,7 +648,9 @@ def markdown_regime(res: dict) -> str:
             for t in tasks:
                 x = k["tasks"][t]
                 cells.append(f"{_pct(x['kept'], 0)} {_ci(x['ci'])}".strip())
-                cells.append(f"{_pct(x['mean_per_seed'], 0)} {_ci(x['seed_ci'])}".strip())
+                n = sum(v is not None for v in x["per_seed"])  # the seeds whose specialist gained
+                parts = [_pct(x["mean_per_seed"], 0), _ci(x["seed_ci"]), f"({n} of {len(x['per_seed'])})"]
+                cells.append(" ".join(p for p in parts if p))
             cells.append(f"{_pct(k['mean'], 0)} {_ci(k['mean_ci'])}".strip())
             out.append("| " + " | ".join(cells) + " |")
     if res["ramplus_vs"]:
