@@ -173,6 +173,33 @@ def test_training_smoke_run(tmp_path):
     assert not torch.equal(tuned["latent_pi.0.weight"][:, 40], base["latent_pi.0.weight"][:, 40])
 
 
+def test_finetune_keeps_the_best_checkpoint_on_held_out_variations(tmp_path, monkeypatch):
+    """`select`: the fine-tuning's actor is its checkpoint with the best held-out success (the tuning set), an
+    earlier one on a tie. A checkpoint at step n is taken after that environment step, before its gradient update,
+    and training is the same with or without the selection's evaluations: the actor chosen at step 50 is the
+    49-step run's actor, byte for byte."""
+    sac = {**run.SAC, "net_arch": [8, 8], "batch": 16, "learning_starts": 40, "log_every": 1000, "train_freq": 1}
+    log = lambda msg: None  # noqa: E731
+    rl.train_base(tmp_path / "base", TASKS, {**sac, "steps": 60}, horizon=10, seed=0, log=log)
+    agent = {**sac, "warmup": 20, "fresh_optimizer": True}
+    zip_ = tmp_path / "base" / "sac.zip"
+    rl.finetune(tmp_path / "plain", zip_, TASKS[1], TASKS, {**agent, "steps": 49}, 10, seed=1, log=log)
+    calls = []
+
+    def scores(actor, task, tasks, episodes, horizon, seed, variation_seed=0, first=0):
+        assert variation_seed == rl.TUNING_SEED and task == TASKS[1]
+        calls.append(1)
+        return [1, 0] if len(calls) in (1, 3) else [0, 0]  # steps 50 and 150 best, tied
+
+    monkeypatch.setattr(rl, "evaluate", scores)
+    picked = {**agent, "steps": 150, "select": {"every": 50, "episodes": 2}}
+    meta = rl.finetune(tmp_path / "picked", zip_, TASKS[1], TASKS, picked, 10, seed=1, log=log)
+    assert [r["steps"] for r in meta["selection"]] == [50, 100, 150] and meta["selected"] == 50
+    assert meta["selection"][0]["success"] == {TASKS[1]: 0.5}
+    chosen = (tmp_path / "picked" / "actor.safetensors").read_bytes()
+    assert chosen == (tmp_path / "plain" / "actor.safetensors").read_bytes()
+
+
 def _regime_cfg() -> dict:
     cfg = json.loads(json.dumps(run.CONFIGS["regime-smoke"]))
     cfg.update(tasks=TASKS, horizon=8, multitask=False, merges=["linear", "ramplus"], interpolate=[0.5], jobs=1)
@@ -190,22 +217,28 @@ def _stage_folder(folder: Path, sd: dict[str, torch.Tensor], key: str) -> Path:
     return folder / "actor.safetensors"
 
 
-def test_regime_seed_tunes_merges_and_publishes_what_replays(tmp_path):
-    """One seed of the regime run on tiny random actors: the grid is tuned on held-out variations, DARE merged at
-    two mask draws (averaged per episode), base -> specialist interpolated; the report over three seeds writes
-    per-episode outcomes, results.md regenerates from results.json, and stages.json lets a later run take the
-    published actors (a replay refuses a stage that is not there)."""
-    gen = torch.Generator().manual_seed(1)
+def _tiny_regime_seed(tmp_path: Path, cfg: dict, gen_seed: int) -> tuple[dict, dict]:
+    """A base and one agent per task with random weights (stage folders), and the regime seed 0 run on them:
+    (agents, run_regime's result)."""
+    gen = torch.Generator().manual_seed(gen_seed)
     base = _actor(gen)
     _stage_folder(tmp_path / "base", base, "kbase")
     agents = {}
     for task in TASKS:
         sd = {k: v + torch.randn(v.shape, generator=gen) * 0.05 for k, v in base.items()}
         agents[task] = (_stage_folder(tmp_path / f"agent-{task}", sd, f"k{task}"), f"k{task}")
-    cfg = _regime_cfg()
     pipe = run.Pipeline(cfg, tmp_path / "root", seed=0)
     pipe.multitask = None
-    result = run.run_regime(pipe, tmp_path / "base", "kbase", agents)
+    return agents, run.run_regime(pipe, tmp_path / "base", "kbase", agents)
+
+
+def test_regime_seed_tunes_merges_and_publishes_what_replays(tmp_path):
+    """One seed of the regime run on tiny random actors: the grid is tuned on held-out variations, DARE merged at
+    two mask draws (averaged per episode), base -> specialist interpolated; the report over three seeds writes
+    per-episode outcomes, results.md regenerates from results.json, and stages.json lets a later run take the
+    published actors (a replay refuses a stage that is not there)."""
+    cfg = _regime_cfg()
+    agents, result = _tiny_regime_seed(tmp_path, cfg, 1)
 
     assert set(result["tuning"]) == {"task_arithmetic", "dare_linear"}
     ta = result["tuning"]["task_arithmetic"]
@@ -239,6 +272,88 @@ def test_regime_seed_tunes_merges_and_publishes_what_replays(tmp_path):
     assert (stage.folder / "actor.safetensors").read_bytes() == agents[TASKS[1]][0].read_bytes()
     with pytest.raises(SystemExit, match="not in"):
         again._adopt(run.Stage(tmp_path / "root2" / "other", "missing", {}), "agent")
+
+
+def test_headroom_seed_reports_the_share_of_each_gain_kept(tmp_path):
+    """The headroom configuration (issue 51) end to end on tiny random actors: one seed as the regime run's
+    (tuning, DARE's draws, interpolation), then the report over three seeds with the share of each specialist's gain
+    that each merge keeps on its task, (merge - base) / (specialist - base): checked here on set outcomes, its
+    interval covering it, and results.md regenerated from results.json."""
+    import regime
+
+    assert run.published_folder(run.CONFIGS["headroom"]) == run.HERE / "results" / "headroom"
+    assert run.published_folder(run.CONFIGS["regime"]) == run.REGIME_RESULTS
+    cfg = json.loads(json.dumps(run.CONFIGS["headroom-smoke"]))
+    cfg.update({k: v for k, v in _regime_cfg().items() if k not in ("gain_kept", "published")})
+    _, result = _tiny_regime_seed(tmp_path, cfg, 4)
+    assert len(result["per_draw"]["dare_linear (tuned)"]) == 2
+
+    # set outcomes, 4 episodes a task: every row 1 of 4 but each specialist 3 of 4 (+50 points) and ramplus 2 of 4
+    # in seed 0 and 3 of 4 in seeds 1 and 2 (kept: 50 %, 100 %, 100 %; ratio of the means 5/6)
+    runs = []
+    for s in (0, 1, 2):
+        success = {row: {t: [1, 0, 0, 0] for t in TASKS} for row in result["success"]}
+        for t in TASKS:
+            success[f"{t} agent"][t] = [1, 1, 1, 0]
+            success["ramplus"][t] = [1, 1, 0, 0] if s == 0 else [1, 1, 1, 0]
+        chosen = {"seconds": 1.0, "cached": False, "selected": 100, "selection": [{"steps": 100, "success": {TASKS[0]:
+                  0.5}}, {"steps": 200, "success": {TASKS[0]: 0.25}}]}  # fmt: skip
+        runs.append({**result, "seed": s, "success": success, "stages": {**result["stages"], "agent x": chosen}})
+    res = policy_report.build_regime(cfg, runs, {"cpu": "test"}, None, "headroom-smoke", 1.0, reps=200)
+    kept = res["kept"]["ramplus"]
+    for t in TASKS:
+        k = kept["tasks"][t]
+        assert k["per_seed"] == pytest.approx([0.5, 1.0, 1.0])
+        assert k["kept"] == pytest.approx(5 / 6) and k["mean_per_seed"] == pytest.approx(5 / 6)
+        assert k["ci"][0] <= 5 / 6 <= k["ci"][1]
+    assert kept["mean"] == pytest.approx(5 / 6)
+    assert res["kept"]["linear"]["tasks"][TASKS[0]]["per_seed"] == [0.0, 0.0, 0.0]
+    assert res["kept"]["linear"]["tasks"][TASKS[0]]["ci"] == [0.0, 0.0]
+    assert "base" not in res["kept"] and f"{TASKS[0]} agent" not in res["kept"]
+    # a specialist that gained nothing leaves no share to keep: none per seed, no ratio, no interval
+    flat = [{**r, "success": {**r["success"], f"{TASKS[1]} agent": {TASKS[1]: [1, 0, 0, 0]}}} for r in runs]
+    none = regime.kept_share(flat, "ramplus", TASKS, 50)
+    assert none["tasks"][TASKS[1]] == {**none["tasks"][TASKS[1]], "kept": None, "ci": None, "per_seed": [None] * 3}
+    assert none["mean"] is None and none["mean_ci"] is None and none["tasks"][TASKS[0]]["kept"] == pytest.approx(5 / 6)
+    # the same base and specialists' episodes give the same resamples in every row (paired)
+    boot = regime.gain_replicates(runs, ["base", "linear"], TASKS[0], 20)
+    np.testing.assert_array_equal(boot["base"], boot["linear"])
+
+    out = tmp_path / "published"
+    policy_report.write_regime(res, out)
+    published = json.loads((out / "results.json").read_text())
+    text = (out / "results.md").read_text()
+    assert text == policy_report.markdown_regime(published)
+    assert "Share of each specialist's gain" in text and "| ramplus (r=0.1, α=2) | 83 [" in text
+    assert "- seed 2: x 100 (50, 25)" in text  # the checkpoint each specialist kept
+    assert (out / "kept.png").exists() and (out / "regime.png").exists()
+
+
+def test_unfinished_seeds_publish_their_finished_stages(tmp_path):
+    """`--publish-stages`: the base and each finished agent stage go into the publication's stages.json (the
+    entries already there kept), and a later run in another cache adopts them instead of training them."""
+    cfg = json.loads(json.dumps(run.CONFIGS["headroom-smoke"]))
+    root, out = tmp_path / "root", tmp_path / "published"
+    gen = torch.Generator().manual_seed(5)
+    pipe = run.Pipeline(cfg, root, seed=1)
+    base = pipe.base_stage()
+    _stage_folder(base.folder, _actor(gen), base.key)
+    (base.folder / "sac.zip").write_bytes(b"sac")
+    first = pipe.agent_stages(base.key)[0]  # the first task's specialist: finished; the rest: not
+    _stage_folder(first[-1].folder, _actor(gen), first[-1].key)
+    out.mkdir()
+    (out / "stages.json").write_text(json.dumps({"earlier": {"files": {}, "meta": {}}}))
+    assert run.main(["--config", "headroom-smoke", "--publish-stages", "--root", str(root), "--out", str(out),
+                     "--seeds", "1"]) == 0  # fmt: skip
+    index = json.loads((out / "stages.json").read_text())
+    assert set(index) == {"earlier", base.key, first[-1].key}
+    assert index[first[-1].key]["files"] == {"actor.safetensors": f"policies/seed1/{TASKS[0]}_agent.safetensors"}
+    assert (out / "base" / "sac.zip").read_bytes() == b"sac"
+
+    again = run.Pipeline(cfg, tmp_path / "root2", seed=1, published=out, replay=True)
+    stage = again.agent_stages(again.base_stage().key)[0][-1]
+    again._adopt(stage, "agent")
+    assert (stage.folder / "actor.safetensors").read_bytes() == (first[-1].folder / "actor.safetensors").read_bytes()
 
 
 def test_merge_batch_gives_mergekit_pytorchs_bytes(tmp_path):
@@ -329,7 +444,7 @@ def test_base_stopped_at_a_step_is_the_screens_checkpoint_there(tmp_path):
     assert (tmp_path / "long" / "actor.safetensors").read_bytes() != saved
 
 
-@pytest.mark.parametrize("folder", ["results", "results/regime"])
+@pytest.mark.parametrize("folder", ["results", "results/regime", "results/headroom"])
 def test_published_results_md_regenerates_from_results_json(folder):
     """Every number of a published results.md comes from its results.json (the earlier four-seed run, and the
     regime run)."""

@@ -511,6 +511,14 @@ def build_regime(cfg, runs, machine, commit, config_name, seconds, reps: int | N
                 "detectable_80": _num(R.detectable(list(d))),
                 "verdict": verdict,
             }
+    kept = {}
+    if cfg.get("gain_kept"):  # the paper's measure: the share of each specialist's gain a policy keeps on its task
+        for row in rows:
+            if _kind(row, tasks) in ("merge", "reference"):
+                kept[row] = R.kept_share(runs, row, tasks, reps)
+                for k in kept[row]["tasks"].values():
+                    t_ci = seed_interval([x for x in k["per_seed"] if x is not None])
+                    k["seed_ci"] = None if t_ci is None else [_num(v) for v in t_ci]
     names = published_names(runs)
     agents_regime = {str(run["seed"]): run["regime"] for run in runs}
     interpolation = {
@@ -566,6 +574,7 @@ def build_regime(cfg, runs, machine, commit, config_name, seconds, reps: int | N
         },
         "models": models,
         "gains": gains,
+        **({"kept": kept} if cfg.get("gain_kept") else {}),
         "ramplus_vs": comparisons,
         "regime": agents_regime,
         "interpolation": interpolation,
@@ -611,6 +620,39 @@ def markdown_regime(res: dict) -> str:
         seeds_txt = ", ".join(f"{100 * x:+.0f}" for x in g["per_seed"])
         bar = "every seed ≥ 20" if g["meets_bar_20_points_every_seed"] else "below 20 points in some seed"
         out.append(f"- {t}: base {_pct(g['base'])}, specialist {_pct(g['specialist'])}; {seeds_txt} ({bar})")
+    chosen = {seed: {n: st for n, st in stages.items() if st.get("selected") is not None}
+              for seed, stages in res["stages"].items()}  # fmt: skip
+    if any(chosen.values()):
+        out += ["", "Checkpoints chosen on held-out variations (the step; held-out success at each checkpoint, %):", ""]
+        for seed, per in chosen.items():
+            parts = []
+            for n, st in per.items():
+                curve = ", ".join(f"{100 * np.mean(list(r['success'].values())):.0f}" for r in st["selection"])
+                parts.append(f"{n.removeprefix('agent ')} {st['selected']} ({curve})")
+            out.append(f"- seed {seed}: " + "; ".join(parts))
+    if res.get("kept"):
+        out += [
+            "",
+            "Share of each specialist's gain on its own task that each policy keeps, (policy - base) / (specialist - "
+            "base), in %: the ratio of the gains' means over the seeds with its two-stage bootstrap interval (seeds, "
+            "then each seed's episodes, paired), the mean of the per-seed shares with a Student-t interval over the "
+            "seeds (of the seeds whose specialist gained), and the mean over the tasks of the ratios (100 % keeps the "
+            "whole gain; 0 % the base's level):",
+            "",
+            "| policy | " + " | ".join(f"{t}: kept [95 % CI] | per-seed mean [t]" for t in tasks) + " | mean over "
+            "tasks [95 % CI] |",
+            "|" + "---|" * (2 * len(tasks) + 2),
+        ]
+        for row, k in res["kept"].items():
+            cells = [regime_label(row)]
+            for t in tasks:
+                x = k["tasks"][t]
+                cells.append(f"{_pct(x['kept'], 0)} {_ci(x['ci'])}".strip())
+                n = sum(v is not None for v in x["per_seed"])  # the seeds whose specialist gained
+                parts = [_pct(x["mean_per_seed"], 0), _ci(x["seed_ci"]), f"({n} of {len(x['per_seed'])})"]
+                cells.append(" ".join(p for p in parts if p))
+            cells.append(f"{_pct(k['mean'], 0)} {_ci(k['mean_ci'])}".strip())
+            out.append("| " + " | ".join(cells) + " |")
     if res["ramplus_vs"]:
         out += [
             "",
@@ -766,6 +808,33 @@ def chart_regime(res: dict, out: Path) -> None:
     fig.suptitle("Where the agents stand: update size, overlap, and success along base → specialist")
     fig.savefig(out / "regime.png", dpi=110)
     plt.close(fig)
+
+    if res.get("kept"):  # kept.png: the share of each specialist's gain each policy keeps, per task
+        kept = res["kept"]
+        names = list(kept)
+        fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(4 * (len(tasks) + 1), 1.5 + 0.34 * len(names)),
+                                 sharey=True, constrained_layout=True)  # fmt: skip
+        for ax, t in zip(axes, [*tasks, None], strict=True):
+            for i, r in enumerate(names):
+                k = kept[r] if t is None else kept[r]["tasks"][t]
+                x, ci = (k["mean"], k["mean_ci"]) if t is None else (k["kept"], k["ci"])
+                color = "tab:red" if r.startswith("ramplus") else "tab:blue"
+                if x is not None and ci is not None:
+                    ax.errorbar(100 * x, i, xerr=[[100 * (x - ci[0])], [100 * (ci[1] - x)]], fmt="o", color=color,
+                                capsize=3)  # fmt: skip
+                if t is not None:
+                    per = [100 * v for v in k["per_seed"] if v is not None]
+                    ax.scatter(per, [i] * len(per), s=8, color=color, alpha=0.35)
+            ax.axvline(0, color="black", lw=0.8)
+            ax.axvline(100, color="black", lw=0.8, ls="--")
+            ax.set_title("mean over the tasks" if t is None else t, fontsize=9)
+            ax.set_xlabel("share of the specialist's gain kept (%)")
+        axes[0].set_yticks(range(len(names)), [regime_label(r) for r in names], fontsize=8)
+        axes[0].invert_yaxis()
+        fig.suptitle("(policy - base) / (specialist - base) on each task: seeds as dots, the ratio of the mean gains "
+                     "with its 95 % two-stage interval")  # fmt: skip
+        fig.savefig(out / "kept.png", dpi=110)
+        plt.close(fig)
 
 
 def _compact(text: str) -> str:

@@ -110,6 +110,58 @@ def hierarchical(per_seed: np.ndarray, stat, reps: int, seed: int = 1) -> np.nda
     return np.array([stat(d) for d in draws])
 
 
+def gain_replicates(runs: Sequence[Mapping], rows: Sequence[str], task: str, reps: int, seed: int = 0) -> dict:
+    """{row: (seeds, reps)}: each seed's episode-bootstrap replicates of `row`'s success on `task`, every row
+    resampled on the same episodes (one generator per seed and task, its indices shared by the rows: paired), so a
+    difference of rows (a gain) and a ratio of differences are paired too."""
+    out: dict[str, list] = {row: [] for row in rows}
+    for i, run in enumerate(runs):
+        n = len(run["success"][rows[0]][task])
+        idx = np.random.default_rng([seed, i, sum(map(ord, task))]).integers(0, n, size=(reps, n))
+        for row in rows:
+            out[row].append(np.asarray(run["success"][row][task], dtype=float)[idx].mean(axis=1))
+    return {row: np.stack(v) for row, v in out.items()}
+
+
+def kept_share(runs: Sequence[Mapping], row: str, tasks: Sequence[str], reps: int, seed: int = 1) -> dict:
+    """The share of each specialist's gain on its own task that `row` keeps (the paper's measure):
+    (row - base) / (specialist - base) on task t, per seed and as the ratio of the gains' means over the seeds, with
+    a two-stage bootstrap interval of that ratio (seeds drawn, then each drawn seed's episodes, the same draws for
+    base, specialist and `row`); "mean" averages the tasks' ratios on the same draws. A seed whose specialist did
+    not gain has no per-seed share (None), and a draw whose gains sum to ≤ 0 no ratio (counted, left out)."""
+    rng = np.random.default_rng(seed)
+    n = len(runs)
+    s_idx = rng.integers(0, n, size=(reps, n))
+    e_idx = rng.integers(0, reps, size=(reps, n))
+    out: dict = {"tasks": {}}
+    draws = []
+    for t in tasks:
+        rate = {r: [float(np.mean(run["success"][r][t])) for run in runs] for r in ("base", f"{t} agent", row)}
+        num = np.subtract(rate[row], rate["base"])
+        den = np.subtract(rate[f"{t} agent"], rate["base"])
+        per_seed = [float(a / b) if b > 0 else None for a, b in zip(num, den, strict=True)]
+        boot = gain_replicates(runs, ["base", f"{t} agent", row], t, reps)
+        n_b = (boot[row] - boot["base"])[s_idx, e_idx].sum(axis=1)
+        d_b = (boot[f"{t} agent"] - boot["base"])[s_idx, e_idx].sum(axis=1)
+        ratio = np.where(d_b > 0, n_b / np.where(d_b > 0, d_b, 1.0), np.nan)
+        draws.append(ratio)
+        valid = [x for x in per_seed if x is not None]
+        out["tasks"][t] = {
+            "kept": float(num.sum() / den.sum()) if den.sum() > 0 else None,
+            # no gain to keep (the specialists' mean gain ≤ 0): no ratio, and no interval
+            "ci": list(interval(ratio[np.isfinite(ratio)])) if den.sum() > 0 and np.isfinite(ratio).any() else None,
+            "per_seed": per_seed,
+            "mean_per_seed": float(np.mean(valid)) if valid else None,
+            "undefined_draws": int((~np.isfinite(ratio)).sum()),
+        }
+    kept = [v["kept"] for v in out["tasks"].values()]
+    both = np.mean(np.stack(draws), axis=0)
+    out["mean"] = float(np.mean(kept)) if all(k is not None for k in kept) else None
+    defined = out["mean"] is not None and np.isfinite(both).any()
+    out["mean_ci"] = list(interval(both[np.isfinite(both)])) if defined else None
+    return out
+
+
 def iqm(x: np.ndarray) -> float:
     """Interquartile mean: the mean of the middle half (scipy's trim_mean at 25 %)."""
     from scipy import stats

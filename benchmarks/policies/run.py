@@ -150,6 +150,29 @@ CONFIGS["regime-smoke"] = {
     "jobs": 1,
 }
 
+#: issue 51: specialists that all learn. The regime base's run (the same four-task layout, settings and seed), trained
+#: again on this machine and stopped at 40,000 steps, where the screen (results/headroom/screen/, 20 held-out
+#: variations) found reach 40 %, reach-wall 55 %, coffee-button 10 % (button-press 0 %: in the layout, not merged)
+CONFIGS["headroom"] = {
+    **CONFIGS["regime"],
+    "base": {**CONFIGS["regime"]["base"], "stop_at": 40000},
+    # the pilots (results/headroom/screen/pilot-*.json): at 3e-4 every task swung or fell (coffee-button 50, 0, 0, 0 %
+    # at 2k-8k steps, reach-wall 35-40 % from 55 %); at 1e-4 coffee-button 5, 70, 15, 5, 25 % and reach-wall 70, 40,
+    # 60, 75, 75 % (2k-10k steps; ‖τ‖/‖θ_base‖ ≤ 0.22): a specialist is its best checkpoint on held-out variations
+    # (every 2,000 steps, 10 variations of the tuning set; rl.Select), as the base is
+    "agent": {**CONFIGS["regime"]["agent"], "lr": 1e-4, "steps": 8000, "select": {"every": 2000, "episodes": 10}},
+    # the report adds the share of each specialist's gain on its task that each merge keeps (the paper's measure)
+    "gain_kept": True,
+    # where this configuration is published: its base and actors are adopted from there by stage key
+    "published": "results/headroom",
+}
+CONFIGS["headroom-smoke"] = {
+    **CONFIGS["regime-smoke"],
+    "agent": {**CONFIGS["regime-smoke"]["agent"], "select": {"every": 100, "episodes": 2}},
+    "gain_kept": True,
+    "published": "results/headroom",
+}
+
 
 def agent_settings(cfg: dict, task: str) -> dict:
     shared = {k: v for k, v in cfg["agent"].items() if k != "per_task"}
@@ -207,14 +230,20 @@ class Pipeline:
         stage.place(entry["meta"])
         log(f"seed {self.seed}: {name} from {self.published}")
 
+    def base_stage(self) -> Stage:
+        """The base's stage (its key: the layout, the horizon, SAC's settings, and the training seed unless the
+        base has its own `seed`)."""
+        payload = {"tasks": self.layout, "horizon": self.cfg["horizon"], "sac": self.cfg["base"]}
+        if self.cfg["base"].get("seed") is None:
+            payload["seed"] = self.seed
+        key = self.key_of("pbase", payload)
+        return Stage(self.root / f"base-{key}", key, payload)
+
     def base(self) -> tuple[Path, str]:
         """The multi-task base. With `base.seed` it is trained once, the same for every training seed."""
         once = self.cfg["base"].get("seed") is not None
-        payload = {"tasks": self.layout, "horizon": self.cfg["horizon"], "sac": self.cfg["base"]}
-        if not once:
-            payload["seed"] = self.seed
-        key = self.key_of("pbase", payload)
-        stage = Stage(self.root / f"base-{key}", key, payload)
+        stage = self.base_stage()
+        key = stage.key
         self._adopt(stage, "base")
         seed = self.cfg["base"]["seed"] if once else seed_of("base", self.seed)
 
@@ -230,25 +259,11 @@ class Pipeline:
     def agents(self, base: Path, base_key: str) -> dict[str, tuple[Path, str]]:
         """One specialist per task, and with `multitask` the multi-task reference (row `multitask SAC`): the base
         trained on all tasks with the agents' settings and their total budget. `jobs` train at a time."""
-        todo = []
-        for task in self.tasks:
-            sac = agent_settings(self.cfg, task)
-            payload = {"base": base_key, "task": task, "sac": sac, "seed": self.seed}
-            if self.layout != self.tasks:
-                payload["layout"] = self.layout
-            todo.append((f"{task} agent", task, sac, payload, seed_of("agent", task, self.seed)))
-        if self.cfg.get("multitask"):
-            sac = {**self.cfg["agent"], "steps": self.cfg["agent"]["steps"] * len(self.tasks)}
-            sac.pop("per_task", None)
-            payload = {"base": base_key, "task": self.tasks, "layout": self.layout, "sac": sac, "seed": self.seed}
-            todo.append(("multitask SAC", self.tasks, sac, payload, seed_of("multitask", self.seed)))
         out, missing = {}, []
-        for row, task, sac, payload, seed in todo:
-            key = self.key_of("pagent", payload)
-            label = "multitask" if row == "multitask SAC" else task
-            stage = Stage(self.root / f"agent-{label}-{key}", key, payload)
+        todo = self.agent_stages(base_key)
+        for row, task, sac, seed, stage in todo:
             self._adopt(stage, row)
-            out[row] = (stage.folder / "actor.safetensors", key)
+            out[row] = (stage.folder / "actor.safetensors", stage.key)
             if not stage.done:
                 missing.append((row, task, sac, seed, stage))
         args = [(str(base / "sac.zip"), t, self.layout, sac, self.cfg["horizon"], seed, self.seed, str(st.folder),
@@ -261,13 +276,34 @@ class Pipeline:
                 for a in args:
                     _train_one(*a)
         built = {st.folder for *_, st in missing}
-        for row, task, _, payload, _ in todo:
-            stage = Stage(out[row][0].parent, out[row][1], payload)
+        for row, task, _, _, stage in todo:
             name = row if row == "multitask SAC" else f"agent {task}"
-            self._record(name, stage.meta(), stage.folder not in built, ("curve",))
+            self._record(name, stage.meta(), stage.folder not in built, ("curve", "selection", "selected"))
         #: the multi-task reference's (actor file, stage key), or None
         self.multitask = out.get("multitask SAC")
         return {t: out[f"{t} agent"] for t in self.tasks}
+
+    def agent_stages(self, base_key: str) -> list[tuple]:
+        """[(row, task(s), SAC settings, SAC seed, Stage)]: each specialist's stage, then the multi-task
+        reference's."""
+        todo = []
+        for task in self.tasks:
+            sac = agent_settings(self.cfg, task)
+            payload = {"base": base_key, "task": task, "sac": sac, "seed": self.seed}
+            if self.layout != self.tasks:
+                payload["layout"] = self.layout
+            todo.append((f"{task} agent", task, sac, payload, seed_of("agent", task, self.seed)))
+        if self.cfg.get("multitask"):
+            sac = {**self.cfg["agent"], "steps": self.cfg["agent"]["steps"] * len(self.tasks)}
+            sac.pop("per_task", None)
+            payload = {"base": base_key, "task": self.tasks, "layout": self.layout, "sac": sac, "seed": self.seed}
+            todo.append(("multitask SAC", self.tasks, sac, payload, seed_of("multitask", self.seed)))
+        out = []
+        for row, task, sac, payload, seed in todo:
+            key = self.key_of("pagent", payload)
+            label = "multitask" if row == "multitask SAC" else task
+            out.append((row, task, sac, seed, Stage(self.root / f"agent-{label}-{key}", key, payload)))
+        return out
 
     # -- merges -------------------------------------------------------------
     def merge_config(self, spec, base: Path, agents: dict[str, Path], dtype: str) -> dict:
@@ -634,6 +670,36 @@ def run_regime(pipe: Pipeline, base: Path, base_key: str, agents: dict[str, tupl
     }
 
 
+def publish_stages(cfg: dict, root: Path, out: Path, seeds: list[int]) -> dict[str, str]:
+    """The base and every finished agent stage of `seeds` in the cache, copied into `out` (`base/`,
+    `policies/seedS/`) and added to its `stages.json`, so that a later run, in a fresh checkout too, adopts them
+    instead of training them: the seeds that a session did not finish keep what they trained. Nothing is trained.
+    Run it after the report's `--overwrite` (which rewrites `stages.json` from the finished seeds alone).
+    {stage key: published file}."""
+    index_path = out / "stages.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {}
+    done = {}
+    for seed in seeds:
+        pipe = Pipeline(cfg, root, seed)
+        base = pipe.base_stage()
+        if not base.done:
+            continue
+        entries = [(base, {"actor.safetensors": "base/actor.safetensors", "sac.zip": "base/sac.zip"})]
+        for row, *_, stage in pipe.agent_stages(base.key):
+            if stage.done:  # the report's names (policy_report.published_names)
+                name = f"policies/seed{seed}/{row.replace(' ', '_')}.safetensors"
+                entries.append((stage, {"actor.safetensors": name}))
+        for stage, files in entries:
+            for src, dest in files.items():
+                (out / dest).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(stage.folder / src, out / dest)
+            index[stage.key] = {"files": files, "meta": stage.meta()}
+            done[stage.key] = files["actor.safetensors"]
+    out.mkdir(parents=True, exist_ok=True)
+    index_path.write_text(json.dumps(index, indent=1))
+    return done
+
+
 def git_commit() -> str | None:
     """HEAD, with `+changes` when the package or this benchmark differ from it (the run used uncommitted code)."""
     import subprocess
@@ -656,6 +722,14 @@ def git_commit() -> str | None:
 REGIME_RESULTS = HERE / "results" / "regime"
 
 
+def published_folder(cfg: dict) -> Path | None:
+    """Where a configuration's base and actors are published (its `published`, relative to this folder; the regime
+    run's for the other regime configurations), read when a stage's key matches."""
+    if cfg.get("published"):
+        return HERE / cfg["published"]
+    return REGIME_RESULTS if cfg.get("regime") else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="full", help=f"one of {sorted(CONFIGS)}, or a JSON file")
@@ -668,8 +742,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--published",
         type=Path,
-        help="a results folder whose base and actors are used where their stage keys match (default for the "
-        f"regime configurations: {REGIME_RESULTS.relative_to(HERE.parent.parent)})",
+        help="a results folder whose base and actors are used where their stage keys match (default: the "
+        "configuration's `published`; for the other regime configurations "
+        f"{REGIME_RESULTS.relative_to(HERE.parent.parent)})",
     )
     ap.add_argument(
         "--replay",
@@ -678,7 +753,20 @@ def main(argv: list[str] | None = None) -> int:
         help="re-merge and re-evaluate a publication from its published actors, with its configuration; nothing is "
         "trained (e.g. benchmarks/policies/results/regime)",
     )
+    ap.add_argument(
+        "--publish-stages",
+        action="store_true",
+        help="copy the base and every finished agent stage of --seeds from --root into --out and its stages.json "
+        "(nothing is trained): what an unfinished session leaves for the next",
+    )
     args = ap.parse_args(argv)
+    if args.publish_stages:
+        cfg = staging.apply_overrides(copy.deepcopy(CONFIGS[args.config]), args.set)
+        if not args.out:
+            raise SystemExit("--publish-stages needs --out")
+        done = publish_stages(cfg, args.root.resolve(), args.out.resolve(), args.seeds or cfg["seeds"])
+        log(f"published {len(done)} stages in {args.out}: " + ", ".join(sorted(set(done.values()))))
+        return 0
     if args.replay:
         published = json.loads((args.replay / "results.json").read_text())
         cfg, name = published["config"], published["config_name"]
@@ -696,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.out or root / "results").resolve()
     if args.until == "all" and (out / "results.json").exists() and not args.overwrite:
         raise SystemExit(f"{out} already holds results: pass --overwrite to replace them, or another --out")
-    published = args.replay or args.published or (REGIME_RESULTS if cfg.get("regime") else None)
+    published = args.replay or args.published or published_folder(cfg)
     start = time.perf_counter()
     runs = [run_seed(cfg, root, s, args.until, published, bool(args.replay)) for s in seeds]
     if args.until == "agents":

@@ -10,6 +10,11 @@ Every checkpoint is evaluated on held-out variations (`rl.TUNING_SEED`: never th
 deterministic actor, `--episodes` per task; a fine-tuning's also by ‖τ‖/‖θ_base‖ of its actor. Each screen writes
 one JSON (its arguments, seeds, curve, timings, `uptime`) to benchmarks/policies/results/regime/screen/ (`--record`),
 the checkpoints themselves to `--work`. The screens' seeds are fixed (`--seed`), so each reruns as it ran.
+The headroom run's screens (issue 51) are in results/headroom/screen/; its base is a base screen's checkpoint,
+taken into the stage cache as the configuration's base stage (not trained again):
+
+    python benchmarks/policies/screen.py adopt --name base4-again --config headroom --root /work/pol-headroom/root \
+        --record benchmarks/policies/results/headroom/screen
 """
 
 from __future__ import annotations
@@ -99,25 +104,76 @@ class Checkpoints:
         return row
 
 
+def adopt(args) -> int:
+    """A base screen's checkpoint at step `base.stop_at` as the configuration's base stage under `--root` (what
+    the pipeline would train: the same run, stopped there; tests/test_policies.py checks the bytes), so the
+    pipeline does not train it again. The screen's JSON (`--record/--name.json`) must be of that run."""
+    import copy
+    import shutil
+
+    import run
+
+    record = json.loads((args.record / f"{args.name}.json").read_text())
+    cfg = copy.deepcopy(run.CONFIGS[args.config])
+    base = cfg["base"]
+    ran = record["args"]
+    want = {
+        "kind": "base",
+        "tasks": cfg.get("base_tasks", cfg["tasks"]),
+        "steps": base["steps"],
+        "seed": base["seed"],
+        "horizon": cfg["horizon"],
+        "lr": base["lr"],
+        "train_freq": base["train_freq"],
+    }
+    got = {"kind": record["kind"], **{k: ran[k] for k in want if k != "kind"}}
+    if got != want:
+        raise SystemExit(f"screen {args.name} is not {args.config}'s base run: {got} != {want}")
+    step = base["stop_at"]
+    row = next((r for r in record["rows"] if r.get("steps") == step), None)
+    folder = Path(ran["work"]) / args.name
+    if row is None or not (folder / f"ckpt-{step}.zip").exists():
+        raise SystemExit(f"screen {args.name} has no checkpoint at step {step} in {folder}")
+    stage = run.Pipeline(cfg, args.root.resolve(), 0).base_stage()
+    if stage.done:
+        log(f"{stage.folder} exists")
+        return 0
+    shutil.rmtree(stage.tmp, ignore_errors=True)
+    stage.tmp.mkdir(parents=True)
+    shutil.copyfile(folder / f"ckpt-{step}.zip", stage.tmp / "sac.zip")
+    shutil.copyfile(folder / f"actor-{step}.safetensors", stage.tmp / "actor.safetensors")
+    stage.finish(row["elapsed"], {"steps": base["steps"], "stop_at": step, "screen": args.name, "screen_row": row})
+    log(f"{args.name}'s checkpoint at {step} steps is {args.config}'s base: {stage.folder}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=["base", "finetune", "evaluate"])
+    ap.add_argument("kind", choices=["base", "finetune", "evaluate", "adopt"])
     ap.add_argument("--actors", nargs="+", type=Path, help="evaluate: actor files (e.g. a base screen's checkpoints)")
     ap.add_argument("--name", required=True, help="the screen's name (its JSON: NAME.json)")
-    ap.add_argument("--tasks", nargs="+", required=True, help="the one-hot layout (the base's tasks)")
+    ap.add_argument("--tasks", nargs="+", help="the one-hot layout (the base's tasks)")
     ap.add_argument("--task", nargs="+", help="finetune: the task(s) trained on")
     ap.add_argument("--base", type=Path, help="finetune: the base's SAC zip")
-    ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--every", type=int, required=True)
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--every", type=int)
     ap.add_argument("--lr", type=float, default=SAC["lr"])
     ap.add_argument("--train-freq", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--horizon", type=int, default=500)
     ap.add_argument("--episodes", type=int, default=10, help="held-out variations per task and checkpoint")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--work", type=Path, required=True, help="checkpoints go to WORK/NAME")
+    ap.add_argument("--work", type=Path, help="checkpoints go to WORK/NAME")
     ap.add_argument("--record", type=Path, default=RECORD)
+    ap.add_argument("--config", help="adopt: the configuration whose base the checkpoint is (e.g. headroom)")
+    ap.add_argument("--root", type=Path, help="adopt: the configuration's stage cache (run.py --root)")
     args = ap.parse_args(argv)
+    if args.kind == "adopt":
+        if not (args.config and args.root):
+            raise SystemExit("adopt needs --config and --root")
+        return adopt(args)
+    if not args.tasks or args.steps is None or args.every is None or args.work is None:
+        raise SystemExit(f"{args.kind} needs --tasks, --steps, --every and --work")
 
     import torch
 
