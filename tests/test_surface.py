@@ -102,6 +102,10 @@ def test_wrap_marks_once_and_unwrapped_strips_only_ours():
 def test_plan_as_mergekit_runs_the_original_plan(monkeypatch):
     from mergekit.plan import MergePlanner
 
+    from mergekit_ram._mergekit import hooks
+
+    hooks.install()  # idempotent: ours installed whatever this worker ran before (under -n 2 it was not, at times)
+
     calls = []
 
     class Planner(MergePlanner):
