@@ -132,7 +132,7 @@ def load(digest: str) -> dict | None:
         entry = json.loads(text.decode("utf-8"))
         if entry.get("format") != FORMAT or entry.get("key") != digest:
             raise ValueError("format or key mismatch")
-        _validate(entry["agents"], entry["tensors"])
+        validate(entry["agents"], entry["tensors"])
         if not hmac.compare_digest(str(entry.get("mac")), _mac(key_, digest, entry["agents"], entry["tensors"])):
             raise ValueError("keyed checksum mismatch: edited, or not written by your mergekit-ram")
         return entry
@@ -252,10 +252,6 @@ def _sample_hash(path: str, size: int) -> str:
 def validate(agents: Any, tensors: Iterable) -> None:
     """ValueError unless `tensors` are per-tensor counts of `agents` as an entry holds them (`verify --sample` reads
     ram_stats.json's so)."""
-    _validate(agents, tensors)
-
-
-def _validate(agents: Any, tensors: Iterable) -> None:
     if not isinstance(agents, list) or not all(isinstance(a, str) for a in agents):
         raise ValueError("malformed agent list")
     for item in tensors:
