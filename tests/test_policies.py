@@ -274,6 +274,31 @@ def test_regime_seed_tunes_merges_and_publishes_what_replays(tmp_path):
         again._adopt(run.Stage(tmp_path / "root2" / "other", "missing", {}), "agent")
 
 
+def test_headroom6_trains_each_specialist_with_its_tasks_settings(tmp_path):
+    """The second headroom configuration (issue 51): its merged tasks sit in its base's six-task layout, each
+    specialist trains with its task's settings (handle-press with one gradient step, the others four), the
+    multi-task reference with the shared ones and the specialists' total budget, and each setting is in the stage
+    key (a change retrains that agent only); the base is the screen's run, stopped where the screen chose."""
+    cfg = run.CONFIGS["headroom6"]
+    assert set(cfg["tasks"]) < set(cfg["base_tasks"]) and len(cfg["tasks"]) == 3
+    assert run.published_folder(cfg) == run.HERE / "results" / "headroom6"
+    record = json.loads((run.HERE / "results" / "headroom" / "screen" / "base6-easy.json").read_text())
+    assert record["args"]["tasks"] == cfg["base_tasks"] and record["args"]["steps"] == cfg["base"]["steps"]
+    assert any(row["steps"] == cfg["base"]["stop_at"] for row in record["rows"])
+    pipe = run.Pipeline(cfg, tmp_path, 0)
+    stages = pipe.agent_stages("base-key")
+    utd = {row: sac["gradient_steps"] for row, _, sac, _, _ in stages}
+    assert utd == {"handle-press-v3 agent": 1, "plate-slide-v3 agent": 4, "button-press-topdown-v3 agent": 4,
+                   "multitask SAC": 4}  # fmt: skip
+    assert stages[-1][2]["steps"] == 3 * cfg["agent"]["steps"] and "per_task" not in stages[-1][2]
+    assert len({stage.key for *_, stage in stages}) == 4
+    other = json.loads(json.dumps(cfg))
+    other["agent"]["per_task"]["handle-press-v3"]["gradient_steps"] = 4
+    keys = {row: stage.key for row, *_, stage in run.Pipeline(other, tmp_path, 0).agent_stages("base-key")}
+    assert keys["handle-press-v3 agent"] != stages[0][4].key
+    assert keys["plate-slide-v3 agent"] == stages[1][4].key
+
+
 def test_headroom_seed_reports_the_share_of_each_gain_kept(tmp_path):
     """The headroom configuration (issue 51) end to end on tiny random actors: one seed as the regime run's
     (tuning, DARE's draws, interpolation), then the report over three seeds with the share of each specialist's gain

@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int)
     ap.add_argument("--lr", type=float, default=SAC["lr"])
     ap.add_argument("--train-freq", type=int, default=1)
+    ap.add_argument("--gradient-steps", type=int, default=1, help="gradient steps per training round (SAC's UTD)")
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--horizon", type=int, default=500)
     ap.add_argument("--episodes", type=int, default=10, help="held-out variations per task and checkpoint")
@@ -172,14 +173,17 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.config and args.root):
             raise SystemExit("adopt needs --config and --root")
         return adopt(args)
-    if not args.tasks or args.steps is None or args.every is None or args.work is None:
+    if args.kind == "evaluate" and not (args.tasks and args.actors):
+        raise SystemExit("evaluate needs --tasks and --actors")
+    if args.kind != "evaluate" and (not args.tasks or args.steps is None or args.every is None or args.work is None):
         raise SystemExit(f"{args.kind} needs --tasks, --steps, --every and --work")
 
     import torch
 
     torch.set_num_threads(1)
-    work = args.work / args.name
-    settings = {**SAC, "lr": args.lr, "train_freq": args.train_freq, "steps": args.steps, "log_every": args.every}
+    work = args.work / args.name if args.work else None
+    settings = {**SAC, "lr": args.lr, "train_freq": args.train_freq, "gradient_steps": args.gradient_steps}
+    settings.update(steps=args.steps, log_every=args.every)
     start = time.perf_counter()
     record = {
         "kind": args.kind,
