@@ -469,7 +469,7 @@ def test_base_stopped_at_a_step_is_the_screens_checkpoint_there(tmp_path):
     assert (tmp_path / "long" / "actor.safetensors").read_bytes() != saved
 
 
-@pytest.mark.parametrize("folder", ["results", "results/regime", "results/headroom"])
+@pytest.mark.parametrize("folder", ["results", "results/regime", "results/headroom", "results/headroom6"])
 def test_published_results_md_regenerates_from_results_json(folder):
     """Every number of a published results.md comes from its results.json (the earlier four-seed run, and the
     regime run)."""

@@ -143,7 +143,10 @@ def kept_share(runs: Sequence[Mapping], row: str, tasks: Sequence[str], reps: in
         boot = gain_replicates(runs, ["base", f"{t} agent", row], t, reps)
         n_b = (boot[row] - boot["base"])[s_idx, e_idx].sum(axis=1)
         d_b = (boot[f"{t} agent"] - boot["base"])[s_idx, e_idx].sum(axis=1)
-        ratio = np.where(d_b > 0, n_b / np.where(d_b > 0, d_b, 1.0), np.nan)
+        # a gain is a sum of multiples of 1/episodes: below 1e-9 it is 0 and its floating-point rest (a draw of a
+        # seed that gained and one that lost as much gave ratios of 1e18)
+        gained = d_b > 1e-9
+        ratio = np.where(gained, n_b / np.where(gained, d_b, 1.0), np.nan)
         draws.append(ratio)
         valid = [x for x in per_seed if x is not None]
         out["tasks"][t] = {
