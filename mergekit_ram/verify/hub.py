@@ -137,7 +137,7 @@ def fetch(
                 )
             left = [name for name in listed if wanted(name) and not weights and _weight(name)]
             first = [name for name in listed if wanted(name) and name not in left]
-            folder = _download(repository, commit, first, cache_dir)
+            folder = download(repository, commit, first, cache_dir)
             shards = {
                 name
                 for choice in loader_files.loader_choices(folder).values()
@@ -147,7 +147,7 @@ def fetch(
             more = sorted(shards & set(listed) - set(first) - {n for n in shards if loader_files.is_code(n)})
             left, more = (left, more) if weights else (sorted({*left, *more}), [])
             if more:
-                _download(repository, commit, more, cache_dir)
+                download(repository, commit, more, cache_dir)
     except _Lie as error:
         raise Unreadable(f"{said}: {error}") from error
     except (Unreadable, NotVerifiable):
@@ -250,8 +250,9 @@ def guarded() -> Iterator[_Answers]:
         set_client_factory(_http.default_client_factory)
 
 
-def _download(repository: str, commit: str, names: list[str], cache_dir: str | None) -> str:
-    """`names` of `repository` at `commit`, each matched exactly (glob characters escaped); the snapshot folder."""
+def download(repository: str, commit: str, names: list[str], cache_dir: str | None) -> str:
+    """`names` of `repository` at `commit`, each matched exactly (glob characters escaped); the snapshot folder,
+    which must be that commit's and hold every name (Unreadable otherwise)."""
     import glob
 
     from huggingface_hub import snapshot_download

@@ -205,9 +205,7 @@ def input_stand_ins(
     recorded identity)) that has no local copy: its small files fetched into the Hub cache as mergekit fetches
     them, its weight files' headers and identity windows by ranges. Unreadable, naming the input, when the Hub
     cannot list or give them."""
-    import glob
-
-    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub import HfApi
 
     out = {}
     for model, identity in inputs:
@@ -219,10 +217,8 @@ def input_stand_ins(
             listed = [s.rfilename for s in HfApi().model_info(repository, revision=commit).siblings or []]
             small, weights = input_names(listed)
             folder = mirror.folder(repository, commit)
-            if small:
-                patterns = [glob.escape(name) for name in small]
-                source = snapshot_download(repository, revision=commit, allow_patterns=patterns, cache_dir=cache_dir)
-                mirror.copy(str(source), folder, small)
+            if small:  # as the merge's own files: the snapshot's commit and every name checked
+                mirror.copy(hub.download(repository, commit, small, cache_dir), folder, small)
         except Exception as error:
             detail = " ".join(str(error).split())[:200]
             said = f"input {model}: the Hub cannot give it at {commit} ({type(error).__name__}: {detail})"
