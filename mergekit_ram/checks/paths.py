@@ -107,4 +107,4 @@ def missing_input(path: str, kind: str, otherwise: str) -> str:
 
 def neither(target: str, hub_said: str) -> str:
     """`verify TARGET`'s line for an `org/name` that is no folder here and that the Hub did not give (`hub_said`)."""
-    return f"{hub_said}; nor is {target} a folder{looked(target)}{nearest(target)}"
+    return f"{hub_said}; nor is {target} a folder{where(target)}"
