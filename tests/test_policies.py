@@ -219,9 +219,9 @@ def _stage_folder(folder: Path, sd: dict[str, torch.Tensor], key: str) -> Path:
 
 def _tiny_regime_seed(tmp_path: Path, cfg: dict, gen_seed: int) -> tuple[dict, dict]:
     """A base and one agent per task with random weights (stage folders), and the regime seed 0 run on them:
-    (agents, run_regime's result)."""
+    (agents, run_regime's result). The actors' one-hot layout is the configuration's (its base's tasks)."""
     gen = torch.Generator().manual_seed(gen_seed)
-    base = _actor(gen)
+    base = _actor(gen, n_obs=39 + len(cfg.get("base_tasks", TASKS)))
     _stage_folder(tmp_path / "base", base, "kbase")
     agents = {}
     for task in TASKS:
@@ -352,6 +352,36 @@ def test_headroom_seed_reports_the_share_of_each_gain_kept(tmp_path):
     assert "Share of each specialist's gain" in text and "| ramplus (r=0.1, α=2) | 83 [" in text
     assert "- seed 2: x 100 (50, 25)" in text  # the checkpoint each specialist kept
     assert (out / "kept.png").exists() and (out / "regime.png").exists()
+
+
+def test_headroom6_seed_end_to_end_in_its_wider_layout(tmp_path):
+    """headroom6's shape end to end on tiny random actors: the merged tasks sit inside a wider one-hot layout (the
+    six-task base's; here three tasks, the merged two not first and in another order), each task with its own
+    settings. Every policy is evaluated in that layout, the regime statistics read each agent's own task-ID column
+    at its place in the layout, and the report over three seeds gives the share of each gain kept."""
+    cfg = json.loads(json.dumps(run.CONFIGS["headroom-smoke"]))
+    cfg.update({k: v for k, v in _regime_cfg().items() if k not in ("gain_kept", "published")})
+    cfg["agent"] = {**cfg["agent"], "gradient_steps": 2, "per_task": {TASKS[0]: {"gradient_steps": 1}}}
+    cfg["base_tasks"] = ["button-press-topdown-v3", TASKS[1], TASKS[0]]
+    pipe = run.Pipeline(cfg, tmp_path / "keys", 0)
+    assert pipe.layout == cfg["base_tasks"] and pipe.tasks == TASKS
+    assert {row: sac["gradient_steps"] for row, _, sac, _, _ in pipe.agent_stages("k")} == {
+        f"{TASKS[0]} agent": 1, f"{TASKS[1]} agent": 2}  # fmt: skip
+
+    _, result = _tiny_regime_seed(tmp_path, cfg, 6)
+    reg = result["regime"]["agents"]
+    assert {t: reg[t]["own_column"]["index"] for t in TASKS} == {TASKS[0]: 39 + 2, TASKS[1]: 39 + 1}
+    assert set(reg[TASKS[0]]["columns"]) == set(cfg["base_tasks"])
+    assert set(result["success"]["base"]) == set(TASKS) and len(result["per_draw"]["dare_linear (tuned)"]) == 2
+    assert all(len(v) == cfg["eval"]["episodes"] for row in result["success"].values() for v in row.values())
+
+    runs = [{**result, "seed": s} for s in (0, 1, 2)]
+    res = policy_report.build_regime(cfg, runs, {"cpu": "test"}, None, "headroom6-test", 1.0, reps=50)
+    assert set(res["kept"]["ramplus"]["tasks"]) == set(TASKS)
+    out = tmp_path / "published"
+    policy_report.write_regime(res, out)
+    published = json.loads((out / "results.json").read_text())
+    assert (out / "results.md").read_text() == policy_report.markdown_regime(published)
 
 
 def test_unfinished_seeds_publish_their_finished_stages(tmp_path):
