@@ -557,3 +557,29 @@ def test_batch_norm_buffers(flat_cnn, tmp_path):
             assert torch.allclose(tensors[name].double()[only], want, rtol=0, atol=1e-6), (name, a)
             scaled += int(only.sum())
         assert scaled > 0, name  # the fixture has entries only one agent changed
+
+
+def test_agents_stored_in_other_dtypes_are_named_whatever_tensor_comes_first(flat_cnn, tmp_path, caplog):
+    """Issue 59: the dtype warning looked at the first planned tensor only (an integer counter,
+    `bn.num_batches_tracked`, or a tensor stored as the base stores it), and so said nothing of a bf16 and an fp16
+    agent beside an fp32 base (whose rounding inflates their densities). Here the agents store only their last
+    floating tensor in another dtype; every floating tensor of every input is looked at now."""
+    import logging
+
+    from safetensors.torch import save_file
+
+    paths = {}
+    for who, dtype in (("A", torch.bfloat16), ("B", torch.float16)):
+        stored = flat_cnn.stored(who)
+        last = sorted(k for k, v in stored.items() if v.is_floating_point())[-1]
+        stored[last] = stored[last].to(dtype)
+        paths[who] = str(tmp_path / f"{who}.safetensors")
+        save_file(stored, paths[who])
+    caplog.set_level(logging.WARNING, logger="mergekit_ram")
+    text = flat_config_text(flat_cnn, ["A", "B"], paths=paths, parameters="r: 0.1")
+    run_flat(text, tmp_path / "out")
+    said = [r.getMessage() for r in caplog.records if "different dtype than the base" in r.getMessage()]
+    assert said == [
+        f"ramplus: {paths['A']} (BF16), {paths['B']} (F16) stored in a different dtype than the base (F32); "
+        "rounding differences count as updates and inflate density"
+    ], said

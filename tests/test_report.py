@@ -531,16 +531,22 @@ def test_card_for_a_hub_reader(merged, qwen_bf16):
 @pytest.mark.quick
 def test_card_front_matter_names_hub_ids_and_the_method():
     from mergekit_ram.reporting import card as cards
-    from mergekit_ram.reporting import labels
 
     card = "---\nbase_model: []\nlibrary_name: transformers\ntags:\n- mergekit\n- merge\n---\n# body\n"
     snapshot = "/home/u/.cache/huggingface/hub/models--Qwen--Qwen2.5-7B-Instruct/snapshots/0123abc"
-    ids = [labels.hub_id(snapshot), labels.hub_id("/data/my-model")]
-    assert ids == ["Qwen/Qwen2.5-7B-Instruct", None]
-    out = cards.card_front_matter(card, [i for i in ids if i])
+    report = {"inputs": {
+        "base": {"model": snapshot, "identity": {"content_id": "0" * 64, "revision": "0123abc"}},
+        "mine": {"model": "/data/my-model", "identity": {"content_id": "1" * 64}},
+        "coder": {"model": "org/coder@" + "f" * 40, "identity": {"content_id": "2" * 64, "revision": "f" * 40}},
+    }}  # fmt: skip
+    assert cards.lineage(report) == ["Qwen/Qwen2.5-7B-Instruct", "org/coder"]
+    out = cards.card_front_matter(card, report)
     meta = yaml.safe_load(out.split("---\n")[1])
-    assert meta["base_model"] == ["Qwen/Qwen2.5-7B-Instruct"] and meta["base_model_relation"] == "merge"
+    assert meta["base_model"] == ["Qwen/Qwen2.5-7B-Instruct", "org/coder"] and meta["base_model_relation"] == "merge"
     assert meta["tags"] == ["mergekit", "merge", "ramplus"] and out.endswith("---\n# body\n")
-    assert cards.card_front_matter(out, []).count("ramplus") == 1  # idempotent
-    empty = yaml.safe_load(cards.card_front_matter(card, []).split("---\n")[1])
+    assert cards.card_front_matter(out, report) == out  # idempotent
+    forged = card.replace("base_model: []", "base_model: [famous-org/coder-7b]")
+    assert yaml.safe_load(cards.card_front_matter(forged, report).split("---\n")[1])["base_model"] == meta["base_model"]
+    local = {"inputs": {"mine": report["inputs"]["mine"]}}
+    empty = yaml.safe_load(cards.card_front_matter(card, local).split("---\n")[1])
     assert "base_model" not in empty and "base_model_relation" not in empty

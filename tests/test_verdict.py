@@ -102,7 +102,7 @@ def test_json_follows_the_schema():
     assert dumps(outcome).endswith("}\n")
     assert found == {
         "format": "mergekit-ram/verify",
-        "format_version": 2,
+        "format_version": 3,
         "folder": FOLDER,
         "hub": None,
         "entry_point": "run_merge",
@@ -138,3 +138,18 @@ def test_an_error_is_a_result():
     )
     assert found["problems"] == ["the weights in /data/merged cannot be read: x"]
     assert "error" not in Outcome(folder=FOLDER).as_json()
+
+
+def test_a_sampled_pass_is_never_result_identical():
+    """issue 59: `--json`'s `result` tells a sample from a full check without reading `sample` (format_version 3)."""
+    from mergekit_ram.verify.sample import draw
+
+    full = Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="computed")
+    full.add(compare("a", torch.tensor([1.0]), torch.tensor([1.0])))
+    sampled = Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="recorded")
+    sampled.sample = draw({"a": 4, "b": 4}, 0.5, 1)
+    sampled.add(compare("a", torch.tensor([1.0]), torch.tensor([1.0])))
+    assert (full.as_json()["result"], full.exit_code) == ("identical", 0)
+    assert (sampled.as_json()["result"], sampled.exit_code) == ("no difference in sample", 0)
+    sampled.add(compare("b", torch.tensor([1.0]), torch.tensor([2.0])))
+    assert (sampled.as_json()["result"], sampled.exit_code) == ("differs", 1)

@@ -371,6 +371,66 @@ def test_verify_counts_again_although_the_cache_holds_the_counts(qwen_bf16, run_
     assert json.loads(verify(run.out, capsys, "--json")[1])["statistics"] == "computed"
 
 
+def test_a_merge_needing_no_rho_records_no_statistics_whatever_the_cache_held(
+    qwen_bf16, run_yaml, tmp_path, capsys, monkeypatch
+):
+    """Issue 59: `ramplus` then `r: 0` (or rho given for every agent) on one warm cache. The second merge took the
+    counts from the cache and recorded them; verify, which never reads the cache, recomputed none and called the
+    right merge NOT identical (exit 1), while `--sample` said exit 0. Now such a merge records no statistics, the
+    same bytes as with the cache off, and both verdicts are exit 0."""
+    monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(tmp_path / "cache"))
+    run_yaml(config_text(qwen_bf16, ["A", "B", "C"]))  # fills the cache
+    given = {a: f"rho: {rho}" for a, rho in zip("ABC", (2.0, 0.5, 1.0), strict=True)}
+    for name, text in (("r0", config_text(qwen_bf16, ["A", "B", "C"], parameters="r: 0")),
+                       ("given", config_text(qwen_bf16, ["A", "B", "C"], model_parameters=given))):  # fmt: skip
+        warm = run_yaml(text, out=tmp_path / f"{name}-warm")
+        monkeypatch.setenv("MERGEKIT_RAM_CACHE", "off")
+        cold = run_yaml(text, out=tmp_path / f"{name}-cold")
+        monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(tmp_path / "cache"))
+        assert warm.count_calls == 0 and read_stats(warm.out)["statistics"] == "not computed"
+        assert read_stats(warm.out)["tensors"] == [] == read_stats(cold.out)["tensors"]
+        for flags in ((), ("--sample", "0.3")):
+            code, out, err = verify(warm.out, capsys, *flags)
+            assert code == 0, out + err
+
+
+def test_a_record_with_counts_for_a_merge_needing_none_is_counted_and_checked(qwen_bf16, run_yaml, tmp_path, capsys):
+    """A folder of an earlier mergekit-ram: an `r: 0` merge whose warm cache gave it counts, which it recorded. verify
+    counts them again (they are checked, never believed): right ones are exit 0, an edited one exit 1, named."""
+    from mergekit_ram.reporting import card
+
+    run = run_yaml(config_text(qwen_bf16, ["A", "B"], parameters="r: 0"))
+    counted = run_yaml(config_text(qwen_bf16, ["A", "B"]), out=tmp_path / "counted")
+    report, counts = read_stats(run.out), read_stats(counted.out)
+    for key in ("agents", "pairs", "tensors"):
+        report[key] = counts[key]
+    for row in report["agents"]:  # what r = 0 reports of each agent, with the counts beside it
+        row["lambda"] = 1.0
+    report["statistics"] = "cache"
+    readme = (run.out / "README.md").read_text(encoding="utf-8")
+    section = card.card_section(read_stats(run.out))
+    assert readme.endswith(section)  # the card as that mergekit-ram wrote it, its table included
+    (run.out / "README.md").write_text(readme[: -len(section)] + card.card_section(report), encoding="utf-8")
+    (run.out / "ram_stats.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    code, out, err = verify(run.out, capsys)
+    assert code == 0, out + err
+    report["tensors"][0]["counts"][report["agents"][0]["label"]][0] += 1
+    (run.out / "ram_stats.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    code, out, _ = verify(run.out, capsys)
+    assert code == 1 and f"tensors[0].counts.{report['agents'][0]['label']}[0]" in out, out
+
+
+@pytest.mark.quick
+def test_an_r0_record_edited_to_claim_r_is_named(qwen_bf16, run_yaml, capsys):
+    run = run_yaml(config_text(qwen_bf16, ["A", "B"], parameters="r: 0"))
+    report = read_stats(run.out)
+    report["parameters"]["r"] = 0.1
+    (run.out / "ram_stats.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    for flags in ((), ("--sample", "0.3")):
+        code, out, _ = verify(run.out, capsys, *flags)
+        assert code == 1 and "r: mergekit_config.yml plans 0, ram_stats.json records 0.1" in out, out
+
+
 # ---------------------------------------------------------------- --json
 
 
@@ -382,7 +442,7 @@ def test_json_schema(abc, tmp_path, capsys):
     tensors = len(load_file(str(abc / "model.safetensors")))
     assert found == {
         "format": "mergekit-ram/verify",
-        "format_version": 2,
+        "format_version": 3,
         "folder": str(abc),
         "hub": None,
         "entry_point": "run_merge",

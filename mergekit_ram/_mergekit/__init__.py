@@ -20,6 +20,7 @@ subpackage hooks in from outside:
 - `inspection`: `mergekit-ram inspect`, downhill: mergekit's own planning, then `pipeline`;
 - `options`: mergekit's merge options, declared for `inspect` and `verify` without importing
   mergekit (their help answers at once);
+- `tokenizer_order`: a union tokenizer's added tokens numbered in one order in a `ramplus` merge;
 - `loading`: linear-time tensor loading during `ramplus` merges and `inspect`
   (`LazyTensorLoader.get_tensor`, `LoadTensor._load_converted_tensor`).
 

@@ -11,6 +11,7 @@
 - `MergePlanner.plan_to_disk`: refuse an output folder inside an input model,
   drop a stale `ram_stats.json` there, and queue the new one;
 - `mergekit.merge.generate_card`: append the "RAM+ statistics" section;
+- `mergekit.tokenizer.build.build_union_tokenizer`: a union's added tokens in one order (`tokenizer_order`);
 - `mergekit.card.is_hf` (the card's question whether a model is on the Hub), in a `ramplus` merge: a model that
   is a local file or folder is local, never asked of the Hub, and a question the Hub cannot answer (offline,
   unreachable) makes it local too: a finished merge is not lost to the card's metadata;
@@ -40,10 +41,10 @@ from collections.abc import Callable
 from typing import Any
 
 from mergekit_ram import errors, method, session
-from mergekit_ram._mergekit import door_pytorch, door_yaml, flat, loading, pipeline, surface, tasks
+from mergekit_ram._mergekit import door_pytorch, door_yaml, flat, loading, pipeline, surface, tasks, tokenizer_order
 from mergekit_ram.checks import config_checks, output_checks
 from mergekit_ram.method import resolves_to_ours
-from mergekit_ram.reporting import card, labels
+from mergekit_ram.reporting import card
 from mergekit_ram.session import Mode
 
 LOG = logging.getLogger("mergekit_ram")
@@ -87,6 +88,9 @@ def install_merge() -> None:
     card_module: Any = sys.modules.get("mergekit.card")  # imported by mergekit.merge
     if card_module is not None and not surface.marked(card_module.is_hf, surface.HOOKED):
         surface.wrap(card_module, "is_hf", _is_hf, surface.HOOKED)
+    build: Any = sys.modules.get("mergekit.tokenizer.build")  # imported by mergekit.merge
+    if build is not None and not surface.marked(build.build_union_tokenizer, surface.HOOKED):
+        surface.wrap(build, "build_union_tokenizer", tokenizer_order.union_in_order, surface.HOOKED)
 
 
 def install_flat() -> None:
@@ -201,8 +205,7 @@ def _generate_card(generate: Callable[..., str]) -> Callable[..., str]:
         current = session.current()
         if current is None or not current.owns(config) or current.report is None:
             return text
-        snapshots = [labels.hub_id(str(m.model.path)) for m in config.referenced_models()]
-        text = card.card_front_matter(text, [found for found in snapshots if found])
+        text = card.card_front_matter(text, current.report)
         return text.rstrip("\n") + "\n\n" + card.card_section(current.report)
 
     return generate_card

@@ -44,11 +44,21 @@ Given = Callable[[list[Any]], tuple[statistics.Statistics | None, str]]
 
 
 def prepare(
-    plan: tasks.Plan, current: session.MergeSession, seen: dict[str, dict] | None = None, given: Given | None = None
+    plan: tasks.Plan,
+    current: session.MergeSession,
+    seen: dict[str, dict] | None = None,
+    given: Given | None = None,
+    *,
+    count: bool = False,
 ) -> None:
     """Count (or load), reduce to rho per scope, inject into the planned tasks, keep the report in `current`.
     `seen`: the inputs' identities already read (`verify` reads them first), read once; `given`: the counts
-    without a pass (`verify --sample`)."""
+    without a pass (`verify --sample`); `count`: count although the merge needs no rho (`verify` of a record that
+    holds counts for such a merge: an earlier mergekit-ram recorded them when its cache held them).
+
+    A merge that needs no rho (r = 0, or rho given for every agent) counts nothing and records no statistics,
+    whatever the statistics cache holds: its `ram_stats.json` is the same with a warm, a cold or no cache, and
+    `verify`, which never reads the cache, recomputes exactly that."""
     found = tasks.planned(plan, resolves_to_ours)
     if not found:  # nothing to count (inspect says so when it finds no report)
         return
@@ -57,19 +67,18 @@ def prepare(
     headers: dict[str, dict] = {}  # each file's header, read once
     rows = [plan.stored_row(task, headers) for task in planned]
     input_checks.check_stored_tensors(rows)
-    tasks.warn_stored_dtypes(plan.config, rows[0])
+    tasks.warn_stored_dtypes(plan.config, rows)
     tied = tasks.tied_copies(plan.out_model_config, planned)
     planned = [t for t in planned if t.output_weight.name not in tied]  # a tied pair is counted once
     current.planned = [tasks.summary(task) for task in planned]
     needs = tasks.needing_rho(planned)
     merging = current.mode.injects  # a merge, or verify running one again
     seen = {} if seen is None else seen  # each input's identity, read once (cache key and report)
+    counts: tuple[statistics.Statistics | None, str] = (None, "not computed")
     if given is not None:
-        counts: tuple[statistics.Statistics | None, str] = given(planned)
-    else:
-        counts = counting.statistics_of(
-            plan.options, planned, seen, compute=bool(needs) or not merging, identify=plan.identity
-        )
+        counts = given(planned)
+    elif needs or not merging or count:
+        counts = counting.statistics_of(plan.options, planned, seen, compute=True, identify=plan.identity)
     current.stats, current.source = counts
     if not needs and merging:
         LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")

@@ -175,6 +175,10 @@ def _card(folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
         outcome.checked.append("the card's RAM+ section")
     else:
         outcome.files.append(f"README.md: {problem}")
+    lineage = published_checks.front_matter_problems(text, card.front_matter(recorded))
+    outcome.files += [f"README.md: {line}" for line in lineage]
+    if not lineage:
+        outcome.checked.append("the card's front matter (base_model, base_model_relation, tags)")
 
 
 def _config(folder: str, out_config: Any, merge_config: Any, outcome: verdict.Outcome) -> None:

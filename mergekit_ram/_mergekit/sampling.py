@@ -40,7 +40,10 @@ def draw(plan: tasks.Plan, folder: str, index: dict[str, str], share: float, see
 
 
 def _input_shape(plan: tasks.Plan, task: Any, headers: dict[str, dict]) -> list[int] | None:
-    """The shape of the tensor a merge task reads from its base (else its first input), from the file's header."""
+    """The shape of the tensor a merge task reads from its base (else its first input), from the file's header;
+    None where mergekit hands the task other rows than the inputs store (`Plan.reshapes`)."""
+    if plan.reshapes(task):
+        return None
     try:
         found = plan.sources(task)
     except Exception:  # a task that reads no input (a copied buffer's wrapper): the published header says
@@ -118,13 +121,17 @@ def _relabelled(row: dict, agents: dict[str, str]) -> dict:
     return out
 
 
-def numel_mismatches(plan: tasks.Plan, stats: statistics.Statistics) -> list[str]:
-    """Tensors whose recorded element count is not that of the tensor the plan reads (from the inputs' headers)."""
+def numel_mismatches(plan: tasks.Plan, stats: statistics.Statistics, folder: str, index: dict[str, str]) -> list[str]:
+    """Tensors whose recorded element count is not that of the tensor the plan reads (from the inputs' headers; for
+    rows mergekit maps, a union tokenizer's, from the published header, `index`: tensor -> file of `folder`)."""
     found = {t.output_weight.name: t for _, t in tasks.planned(plan, resolves_to_ours)}
     headers: dict[str, dict] = {}
     out = []
     for counts in stats.tensors:
         shape = _input_shape(plan, found[counts.name], headers)
+        if shape is None and counts.name in index:
+            published = os.path.join(folder, index[counts.name])
+            shape = (tasks.header_entry(published, counts.name, headers) or (None, None))[1]
         if shape is not None and _numel(shape) != counts.numel:
             out.append(f"{STATS}: tensor {counts.name} records {counts.numel:,} elements; it has {_numel(shape):,}")
     return out

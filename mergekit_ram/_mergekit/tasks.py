@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mergekit_ram import files
@@ -74,6 +74,11 @@ class Plan:
         """model -> (file, tensor name) of each input tensor a planned merge task reads (`verify --sample`)."""
         raise NotImplementedError
 
+    def reshapes(self, task: Any) -> bool:
+        """Whether mergekit hands the task other rows than its inputs store (a vocabulary permuted for a union or a
+        donor's tokenizer, or truncated): its shape is then not the inputs' headers' (`verify --sample`)."""
+        return False
+
 
 class _PlannerPlan(Plan):
     def __init__(self, planner: Any):
@@ -109,6 +114,11 @@ class _PlannerPlan(Plan):
     def saves(self) -> list[Save]:
         out_dtype = self.planner.config.out_dtype
         return [(w.name, task, w.optional, w.force_dtype or out_dtype) for w, task in surface.planned(self.planner)]
+
+    def reshapes(self, task: Any) -> bool:
+        from mergekit.io.tasks import GatherTensors
+
+        return not isinstance(task.gather_tensors, GatherTensors)
 
     def sources(self, task: Any) -> dict[str, tuple[str, str]]:
         from mergekit.io.tasks import LoaderCache
@@ -239,14 +249,12 @@ def header_entry(path: str, name: str, headers: dict[str, dict]) -> input_checks
     return (info["dtype"], list(info["shape"])) if isinstance(info, dict) else (None, None)
 
 
-def warn_stored_dtypes(config: Any, row: Row) -> None:
-    """The dtype warnings, from the stored dtypes of one planned tensor (`stored_row`: headers read once)."""
+def warn_stored_dtypes(config: Any, rows: Sequence[Row]) -> None:
+    """The dtype warnings, from the stored dtypes of every planned tensor (`stored_row`: headers read once)."""
     from mergekit.common import dtype_from_name
 
-    _, base, _, found = row
-    stored = {model: entry[0] for model, entry in found.items() if entry is not None and entry[0] is not None}
     wanted = dtype_from_name(config.dtype)
-    input_checks.warn_stored_dtypes(stored, base, config.dtype, wanted.itemsize if wanted is not None else None)
+    input_checks.warn_stored_dtypes(rows, config.dtype, wanted.itemsize if wanted is not None else None)
 
 
 def plain(value: Any) -> Any:

@@ -169,7 +169,7 @@ def _run_again(
             if outcome.parameters:
                 return
             given = None if sample is None else (lambda planned: sampling.recorded_statistics(recorded, planned, names))
-            pipeline.prepare(plan, current, seen, given)
+            pipeline.prepare(plan, current, seen, given, count=bool(recorded.get("tensors")))  # what it records
         except (OSError, ValueError) as error:
             raise InputError(errors.said(error)) from error
         assert current.report is not None
@@ -182,7 +182,7 @@ def _run_again(
             spans = sampling.needed(plan, folder, index, outcome.sample, seen)
             if mirror is not None:
                 mirror.fill_all(spans)  # the drawn tensors' bytes, before anything reads them
-            saves = _sampled(plan, saves, index, recorded, names, current.stats, outcome)
+            saves = _sampled(plan, saves, folder, index, recorded, names, current.stats, outcome)
         targets = [rerun.compare_task(folder, *save) for save in saves]
         rerun.run(targets, index, folder, through.options, outcome, [save[0] for save in plan.saves()])
         if outcome.sample is not None:
@@ -216,7 +216,9 @@ def _inputs_unchanged(through: door.Door, recorded: dict, outcome: verdict.Outco
     return not any(check.status in ("changed", "missing") for check in outcome.inputs)
 
 
-def _sampled(plan: Any, saves: list, index: dict, recorded: dict, names: dict, stats: Any, outcome: Any) -> list:
+def _sampled(
+    plan: Any, saves: list, folder: str, index: dict, recorded: dict, names: dict, stats: Any, outcome: Any
+) -> list:
     """The saves of the drawn tensors. The others are checked without a read: a planned tensor the folder lacks is
     named, and so is a recorded element count the inputs' headers contradict; the drawn tensors' counts are
     counted again against ram_stats.json's (`sampling`)."""
@@ -225,6 +227,6 @@ def _sampled(plan: Any, saves: list, index: dict, recorded: dict, names: dict, s
         if name not in chosen and name not in index and not optional:
             outcome.add(bitwise.Difference(name, "missing"))
     if stats is not None:
-        outcome.files += sampling.numel_mismatches(plan, stats)
+        outcome.files += sampling.numel_mismatches(plan, stats, folder, index)
         outcome.files += sampling.recount(plan, outcome.sample, recorded, names)
     return [save for save in saves if save[0] in chosen]

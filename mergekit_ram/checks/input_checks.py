@@ -297,29 +297,41 @@ def _is_float(dtype: str) -> bool:
     return dtype.startswith("F") or dtype == "BF16"
 
 
-def warn_stored_dtypes(stored: Mapping[str, str], base_model: str, dtype: str | None, itemsize: int | None) -> None:
+def warn_stored_dtypes(rows: Sequence[tuple[str, str, bool, Mapping[str, Stored]]], dtype: str | None,
+                       itemsize: int | None) -> None:  # fmt: skip
     """Masks see tensors as loaded: say so when that hides or inflates updates.
 
-    `stored`: model -> safetensors dtype of one tensor; `dtype`/`itemsize`: the config's `dtype:`.
+    `rows`: as `check_stored_tensors` takes them, every planned tensor of every input: each floating tensor is
+    looked at (a file whose first tensor is an integer counter, or whose agents differ from the base in one tensor
+    only, still warns); `dtype`/`itemsize`: the config's `dtype:`. One warning of each kind, the models in sorted order.
     """
-    if itemsize is not None:
-        narrow = [m for m, d in stored.items() if _is_float(d) and files.WIDTHS.get(d, 0) > itemsize]
-        if narrow:
-            LOG.warning(
-                "ramplus: `dtype: %s` rounds the stored weights of %s before masking; "
-                "updates smaller than one %s ULP become invisible to RAM+",
-                dtype,
-                ", ".join(narrow),
-                dtype,
-            )
-    base = stored.get(base_model)
-    odd = [m for m, d in stored.items() if base is not None and d != base]
+    narrow: dict[str, None] = {}
+    odd: dict[str, None] = {}
+    bases: dict[str, None] = {}
+    for _name, base_model, _vocabulary, stored in rows:
+        found = {m: entry[0] for m, entry in stored.items() if entry is not None and entry[0] is not None}
+        found = {m: d for m, d in found.items() if _is_float(d)}
+        base = found.get(base_model)
+        for model, stored_as in found.items():
+            if itemsize is not None and files.WIDTHS.get(stored_as, 0) > itemsize:
+                narrow[model] = None
+            if base is not None and stored_as != base:
+                odd[f"{model} ({stored_as})" if stored_as else model] = None
+                bases[base] = None
+    if narrow:
+        LOG.warning(
+            "ramplus: `dtype: %s` rounds the stored weights of %s before masking; "
+            "updates smaller than one %s ULP become invisible to RAM+",
+            dtype,
+            ", ".join(sorted(narrow)),
+            dtype,
+        )
     if odd:
         LOG.warning(
             "ramplus: %s stored in a different dtype than the base (%s); rounding "
             "differences count as updates and inflate density",
-            ", ".join(odd),
-            base,
+            ", ".join(sorted(odd)),
+            ", ".join(sorted(bases)),
         )
 
 

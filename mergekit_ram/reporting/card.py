@@ -8,8 +8,6 @@ table; how to reproduce the merge is said from what the report records of where 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from mergekit_ram.reporting import tables
 
 #: The method's paper, linked from the card.
@@ -152,11 +150,36 @@ def verify_sentence() -> str:
     )
 
 
-def card_front_matter(card: str, hub_ids: Sequence[str]) -> str:
+#: the front matter's tags: mergekit's own, then the method
+TAGS = ("mergekit", "merge", "ramplus")
+
+
+def lineage(report: dict) -> list[str]:
+    """The hub ids of a report's inputs (a hub id as given, without its revision, or a hub cache snapshot's), in
+    the inputs table's order: what the card's `base_model` lists and `verify` expects there. A local folder is
+    none: its identity records no revision."""
+    from mergekit_ram.reporting.labels import hub_id
+
+    ids = []
+    for row in (report.get("inputs") or {}).values():
+        model, identity = str(row.get("model")), row.get("identity") or {}
+        if identity.get("revision"):
+            ids.append(hub_id(model) or model.split("@", 1)[0])
+    return list(dict.fromkeys(ids))
+
+
+def front_matter(report: dict) -> dict:
+    """What a merge of `report` writes in its card's front matter, of the keys `verify` checks: `base_model` and
+    `base_model_relation` (absent when no input is a hub id) and `tags`."""
+    ids = lineage(report)
+    return {**({"base_model": ids, "base_model_relation": "merge"} if ids else {}), "tags": list(TAGS)}
+
+
+def card_front_matter(card: str, report: dict) -> str:
     """mergekit's card with front matter a hub accepts (https://huggingface.co/docs/hub/model-cards):
-    `base_model` the inputs' hub ids (`hub_ids`, where known; a local path is none, and an empty list is left
-    out), `base_model_relation: merge`, the method as a tag (`ramplus`), and the `license` field named for the
-    user to fill (the inputs' licenses apply; no default is chosen for them)."""
+    `base_model` the inputs' hub ids (`lineage`, in the inputs' order; a local path is none, and an empty list is
+    left out), `base_model_relation: merge`, the tags (`TAGS`), and the `license` field named for the user to fill
+    (the inputs' licenses apply; no default is chosen for them)."""
     import yaml
 
     if not card.startswith("---\n") or "\n---\n" not in card[4:]:
@@ -168,12 +191,9 @@ def card_front_matter(card: str, hub_ids: Sequence[str]) -> str:
         return card
     if not isinstance(meta, dict):
         return card
-    ids = list(dict.fromkeys([*(meta.get("base_model") or []), *hub_ids]))
-    meta.pop("base_model", None)
-    if ids:
-        meta["base_model"] = ids
-        meta["base_model_relation"] = "merge"
-    meta["tags"] = [*(meta.get("tags") or []), *([] if "ramplus" in (meta.get("tags") or []) else ["ramplus"])]
+    for key in ("base_model", "base_model_relation", "tags"):  # mergekit's from its set of models: ours instead
+        meta.pop(key, None)
+    meta = {**front_matter(report), **meta}
     text = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip("\n")
     if "license" not in meta:
         text += (

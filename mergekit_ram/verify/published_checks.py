@@ -117,6 +117,50 @@ _VOID = frozenset(
 _HIDING = ("<style", "<script")
 
 
+def front_matter_problems(text: str, expected: dict) -> list[str]:
+    """Where the card `text`'s front matter (the YAML block a hub reads at its start) says otherwise than
+    `expected` (`card.front_matter`: base_model, base_model_relation, tags) of those keys; one line each. The
+    other keys (a license, languages) are the publisher's and are not compared; neither is an order."""
+    import yaml
+
+    if not text.startswith("---\n") or "\n---\n" not in text[4:]:
+        return ["it has no front matter; the merge writes one (base_model, base_model_relation, tags)"]
+    try:
+        meta = yaml.safe_load(text[4:].split("\n---\n", 1)[0])
+    except yaml.YAMLError as error:
+        return [f"its front matter is not YAML ({' '.join(str(error).split())[:120]})"]
+    if not isinstance(meta, dict):
+        return ["its front matter is not a YAML mapping"]
+    found = []
+    for key in ("base_model", "base_model_relation", "tags"):
+        wanted, there = expected.get(key), meta.get(key)
+        same = _as_set(there) == _as_set(wanted) if key != "base_model_relation" else there == wanted
+        if not same:
+            found.append(
+                f"its front matter's {key} is {_said(there)}; the merge writes {_said(wanted)}"
+                + (" (its inputs' hub ids: the model tree the Hub shows)" if key == "base_model" else "")
+            )
+    return found
+
+
+def _as_set(value: Any) -> set[str] | bool | None:
+    """A front matter value as a set of names (a hub takes one name or a list); False for anything else (a
+    stranger's nested or aliased YAML is never printed or walked)."""
+    if value is None:
+        return None
+    names = value if isinstance(value, list) else [value]
+    return {v for v in names if isinstance(v, str)} if all(isinstance(v, str) for v in names) else False
+
+
+def _said(value: Any) -> str:
+    found = _as_set(value)
+    if found is None:
+        return "none"
+    if found is False:
+        return f"a {type(value).__name__} that is not a list of names"
+    return f"[{', '.join(value)}]" if isinstance(value, list) else repr(value)[:200]
+
+
 def card_problem(text: str, section: str) -> str | None:
     """None when the card `text` holds exactly one RAM+ section where a reader sees it (not in an HTML comment,
     a code block or an HTML element left open before it; no <style> or <script>), and that section (its heading

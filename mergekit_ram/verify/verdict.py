@@ -4,12 +4,14 @@ what a folder records are `record_checks`'. Users import each name from its own 
 
 Knows nothing of mergekit (`_mergekit/verification.py` plans and recomputes; this module judges).
 
-JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/verify", format_version 2:
+JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/verify", format_version 3 (2 had
+`result` "identical" for a sample too):
 
 - `folder` (absolute), `hub` (a merge verified from the Hugging Face Hub, `mergekit-ram verify ORG/NAME@REV`:
   `repository`, `requested` (the revision asked for) and `revision` (the commit its files were fetched at, null
   when none was); null for a folder), `entry_point` ("run_merge" or "mergekit-pytorch"; null when unread),
-  `result` and `exit_code`: "identical" (0), "differs" (1: the folder is not what it records), "cannot check"
+  `result` and `exit_code`: "identical" (0: a full check), "no difference in sample" (0: `--sample`, no difference
+  in what was drawn), "differs" (1: the folder is not what it records), "cannot check"
   (3: an input missing, changed or unreadable, a recorded option refused, a file verify refuses or cannot
   read; `cannot_check` says why, `error` too when verify stopped), with `headline`, the first line of the
   text. A usage error (exit 2: no such folder, no ram_stats.json, another method's folder, a bad option)
@@ -39,7 +41,7 @@ JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/ver
   `elements_checked`, `elements_total`, `bytes_read` (bytes of weight files read, from disk or the network, each
   byte once), `least_draws` and `pass_bound` (share of differing weights -> the most such a merge passes with:
   `verify/sample.py`), `more_than_needed` (why more was read: a server that ignored a range), `tensors` (names).
-  With a sample, `result` "identical" means no difference in the sample, and the headline says so.
+  With a sample, `result` is never "identical": "no difference in sample", and the headline says so.
 
 Every exit but a usage error's prints this JSON; a NaN or infinity anywhere in it (a record's value) is a string.
 """
@@ -55,12 +57,14 @@ from mergekit_ram.verify.bitwise import Difference
 from mergekit_ram.verify.record_checks import InputCheck
 from mergekit_ram.verify.sample import Sample
 
-__all__ = ["EXIT", "FORMAT", "FORMAT_VERSION", "Outcome", "dumps"]
+__all__ = ["EXIT", "FORMAT", "FORMAT_VERSION", "SAMPLED", "Outcome", "dumps"]
 
 FORMAT = "mergekit-ram/verify"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: exit code of each result
 EXIT = {"identical": 0, "differs": 1, "cannot check": 3}
+#: `--json`'s `result` of a sampled pass that found no difference (exit 0, but no proof of the tensors not drawn)
+SAMPLED = "no difference in sample"
 
 
 @dataclass
@@ -193,7 +197,7 @@ class Outcome:
             "folder": self.folder,
             "hub": None if self.hub is None else dict(self.hub),
             "entry_point": self.entry_point,
-            "result": self.result,
+            "result": SAMPLED if self.identical and self.sample is not None else self.result,
             "exit_code": self.exit_code,
             "headline": self.headline(),
             "merged": self.merged,

@@ -68,6 +68,17 @@ class Recorder:
             assert traceback_ok, f"a command would print a traceback for {type(error).__name__}: {message}"
         return message
 
+    # verdicts ---------------------------------------------------------------
+    def verdict(self, right: bool, what: str, found: dict, *, tamper: bool = False) -> None:
+        """One verify verdict checked: `right` whether it is the true one (a right merge exit 0, a changed one
+        exit 1 naming the change); a false one is counted, then fails the case."""
+        self.case.verdicts += 1
+        self.case.tampers += tamper
+        if not right:
+            self.case.false_verdicts += 1
+            shown = {k: found.get(k) for k in ("exit", "result", "problems", "stderr", "error")}
+            raise AssertionError(f"false verdict ({what}): {shown}")
+
     def fault(self) -> None:
         self.case.fault = True
 

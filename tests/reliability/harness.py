@@ -34,6 +34,7 @@ CATEGORIES = {
     "test_verify_cases": "verify",
     "test_flat_inputs": "mergekit-pytorch inputs",
     "test_untrusted_folders": "untrusted folders",
+    "test_verdict_matrix": "verdict matrix",
 }
 ORDER = list(CATEGORIES.values())
 
@@ -90,6 +91,9 @@ class Case:
     fault: bool = False  # a fault was injected (kill, full disk, broken build...)
     errors_checked: int = 0  # error messages checked for the name of the culprit
     tracebacks: int = 0  # of those, errors a command would print as a traceback by default (not one line)
+    verdicts: int = 0  # verify verdicts checked (a right merge must be exit 0, a changed one exit 1 naming it)
+    tampers: int = 0  # of those, on a merge with a tensor changed
+    false_verdicts: int = 0  # of those, verdicts that were wrong
     suite: str = "reliability"  # or "older module" (ELSEWHERE)
 
 
@@ -149,6 +153,9 @@ def summary() -> dict:
             "merges_compared": sum(c.merges_compared for c in cases),
             "errors_checked": sum(c.errors_checked for c in cases),
             "tracebacks": sum(c.tracebacks for c in cases),
+            "verdicts": sum(c.verdicts for c in cases),
+            "tampers": sum(c.tampers for c in cases),
+            "false_verdicts": sum(c.false_verdicts for c in cases),
             "faults_injected": sum(c.fault for c in cases),
             "faults_survived": sum(c.fault and c.outcome == "passed" for c in cases),
             "wrong_merges": sum(c.wrong_merges for c in cases),
@@ -169,6 +176,9 @@ COLUMNS = [
     ("errors_checked", "errors naming the culprit"),
     ("tracebacks", "of which a traceback by default"),
     ("faults_survived", "faults survived"),
+    ("verdicts", "verify verdicts checked"),
+    ("tampers", "of which on a changed merge"),
+    ("false_verdicts", "false verdicts"),
     ("wrong_merges", "silent wrong merges"),
     ("inputs_checked", "input snapshots compared"),
     ("input_writes", "writes into inputs"),
@@ -190,6 +200,7 @@ def line(data: dict) -> str:
         f"reliability: {t['cases']} cases ({t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped), "
         f"{t['merges_compared']} merges checked, {t['tracebacks']} of {t['errors_checked']} errors a traceback, "
         f"{t['faults_survived']}/{t['faults_injected']} faults survived, {t['wrong_merges']} silent wrong merges, "
+        f"{t['verdicts']} verify verdicts ({t['tampers']} on changed merges, {t['false_verdicts']} false), "
         f"{t['input_writes']} writes into inputs ({t['inputs_checked']} snapshots)"
     )
 
