@@ -131,6 +131,39 @@ class YamlDoor:
         }
 
 
+class InConfigOrder:
+    """`config`, read through, but for `referenced_models()`: its models in the config's order (the base first, as
+    mergekit walks them), not a set's. mergekit's card lists them so, and a set's order changes with each process's
+    string hashing (PYTHONHASHSEED): the same merge wrote another README.md."""
+
+    def __init__(self, config: Any):
+        order = {model: i for i, model in enumerate(dict.fromkeys(_models_in((config.base_model, config))))}
+        self._config = config
+        self._models = sorted(config.referenced_models(), key=lambda model: order.get(model, len(order)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+    def referenced_models(self) -> list[Any]:
+        return list(self._models)
+
+
+def _models_in(value: Any) -> list[Any]:
+    """Every model reference in `value` (a config, or anything in it), in the order its fields and lists hold them."""
+    from mergekit.common import ModelReference
+    from pydantic import BaseModel
+
+    if isinstance(value, ModelReference):
+        return [value]
+    if isinstance(value, BaseModel):
+        return [m for key in type(value).model_fields for m in _models_in(getattr(value, key))]
+    if isinstance(value, (list, tuple)):
+        return [m for item in value for m in _models_in(item)]
+    if isinstance(value, dict):
+        return [m for item in value.values() for m in _models_in(item)]
+    return []
+
+
 def _read_config(folder: str) -> Any:
     from mergekit.config import MergeConfiguration
     from pydantic import ValidationError

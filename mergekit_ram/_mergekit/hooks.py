@@ -10,7 +10,8 @@
   statistics pass on the planned tasks (`pipeline.prepare`);
 - `MergePlanner.plan_to_disk`: refuse an output folder inside an input model,
   drop a stale `ram_stats.json` there, and queue the new one;
-- `mergekit.merge.generate_card`: append the "RAM+ statistics" section;
+- `mergekit.merge.generate_card`: list the models in the config's order (`door_yaml.InConfigOrder`) and append the
+  "RAM+ statistics" section;
 - `mergekit.card.is_hf` (the card's question whether a model is on the Hub), in a `ramplus` merge: a model that
   is a local file or folder is local, never asked of the Hub, and a question the Hub cannot answer (offline,
   unreachable) makes it local too: a finished merge is not lost to the card's metadata;
@@ -197,11 +198,12 @@ def _plan_flat_merge(original: Callable[..., list[Any]]) -> Callable[..., list[A
 
 def _generate_card(generate: Callable[..., str]) -> Callable[..., str]:
     def generate_card(config: Any, *args: Any, **kwargs: Any) -> str:
-        text: str = generate(config, *args, **kwargs)
         current = session.current()
         if current is None or not current.owns(config) or current.report is None:
-            return text
-        snapshots = [labels.hub_id(str(m.model.path)) for m in config.referenced_models()]
+            return generate(config, *args, **kwargs)
+        ordered = door_yaml.InConfigOrder(config)  # the same bytes for the same merge: no set's order
+        text: str = generate(ordered, *args, **kwargs)
+        snapshots = [labels.hub_id(str(m.model.path)) for m in ordered.referenced_models()]
         text = card.card_front_matter(text, [found for found in snapshots if found])
         return text.rstrip("\n") + "\n\n" + card.card_section(current.report)
 
