@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from mergekit_ram import errors
+from mergekit_ram import errors, session
 from mergekit_ram._mergekit import counting, planner, surface, tasks
 from mergekit_ram.checks import input_checks, output_checks, paths
 from mergekit_ram.method import resolves_to_ours
@@ -93,7 +93,10 @@ class YamlDoor:
         )
 
     def check_inputs(self) -> None:
-        input_checks.check_input_paths(self.config, getattr(self.options, "transformers_cache", None))
+        cached = input_checks.check_input_paths(self.config, getattr(self.options, "transformers_cache", None))
+        current = session.current()
+        if current is not None and current.owns(self.config):  # hub ids read from the Hub cache (`hub_ids`)
+            current.from_cache.update(cached)
         if self.card:
             output_checks.check_config_serialisable(self.config)
         self.check_files()

@@ -116,6 +116,8 @@ NAMES: tuple[Name, ...] = (
     Name("mergekit.architecture", "get_architecture_info", MERGE),
     # the card asks the Hub whether a model that is a local folder is also a repository: not in a ramplus merge
     Name("mergekit.card", "is_hf", MERGE),
+    # a hub id the Hub cannot be asked about, read from the Hub cache in a ramplus merge (`hub_ids`)
+    Name("mergekit.common", "ModelReference.local_path", MERGE),
     # fast loading: functions whose bodies `loading` mirrors, hashed
     Name("mergekit.io.lazy_tensor_loader", "LazyTensorLoader.get_tensor", LOADING, "source", "dd0df1e785f47b7b"),
     Name(_TASKS, "LoadTensor._load_converted_tensor", LOADING, "source", "ee2a16e7a15ea57d"),
