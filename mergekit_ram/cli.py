@@ -263,7 +263,7 @@ def _verify(
                 raise _UsageError(f"{option} {pair}: expected {form}")
     input_dir = None if input_dir is None else input_dir.expanduser()  # `--input-dir=~/x`: no shell expands it
     if input_dir is not None and not input_dir.is_dir():
-        raise _UsageError(f"--input-dir {input_dir}: no such folder")
+        raise _UsageError(f"--input-dir {input_dir}: no such folder{paths.where(str(input_dir))}")
     on_hub = hub.parse(str(target))
     published = None
     try:

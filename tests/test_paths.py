@@ -261,6 +261,30 @@ def test_verify_of_a_typo_that_is_neither_a_folder_nor_on_the_hub(demo, tmp_path
     assert line.endswith(f"{demo.root.name}/merged?"), line
 
 
+@pytest.mark.quick
+def test_verify_of_a_local_typo_offers_the_nearest_folder(demo, capsys, monkeypatch):
+    """Issue 61: `verify ./mereged` was `no such folder` alone, where `demo/mergd` (shaped like a hub id) got `did you
+    mean`; now both, and a file, get the nearest existing folder (`paths.where`), as --input-dir does."""
+    from mergekit_ram import cli
+
+    (demo.root / "merged").mkdir(exist_ok=True)
+    monkeypatch.chdir(demo.root)
+    for typo in ("./mereged", "mereged"):
+        assert cli.main(["verify", typo]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == (
+            f"mergekit-ram verify: error: no such folder: {demo.root / 'mereged'}; did you mean {demo.root / 'merged'}?\n"
+        )
+    assert cli.main(["verify", "rel.yaml"]) == 2  # a file: the folder that holds it
+    assert capsys.readouterr().err == (
+        f"mergekit-ram verify: error: not a folder: {demo.root / 'rel.yaml'}; the nearest existing folder is {demo.root}\n"
+    )
+    assert cli.main(["verify", "merged", "--input-dir", "agnets"]) == 2
+    assert capsys.readouterr().err == "mergekit-ram verify: error: --input-dir agnets: no such folder in " + (
+        f"{demo.root}; did you mean agents?\n"
+    )
+
+
 def test_verify_of_a_mergekit_pytorch_merge_with_relative_files(flat_mlp, tmp_path):
     from helpers import flat_config_text
 
