@@ -121,6 +121,7 @@ def test_another_methods_card_is_mergekits(demo, tmp_path, monkeypatch):
 
 
 def test_a_ramplus_card_never_asks_about_a_local_folder(demo, monkeypatch):
+    import mergekit.merge  # noqa: F401  # the card's question is wrapped once mergekit.merge loads (as a merge loads it)
     from mergekit import card
 
     from mergekit_ram import session
