@@ -254,6 +254,20 @@ def test_hub_ids_offline_through_mergekit_multi_and_run_merge(hub):
     assert len(hub.stub.requests) == before
 
 
+def test_inspect_reads_hub_ids_offline_from_the_cache(hub):
+    """`mergekit-ram inspect` plans as a merge does: offline, the same hub ids from the cache, the same inputs."""
+    (hub.root / "inspect.yml").write_text(config_of("org/base", list(hub.labels)), encoding="utf-8")
+    before = len(hub.stub.requests)
+    done = subprocess.run(
+        [_exe("mergekit-ram"), "inspect", str(hub.root / "inspect.yml"), "--json", str(hub.root / "inspect.json")],
+        capture_output=True, text=True, timeout=300, env=network(hub, "offline"), cwd=str(hub.root / "cwd"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    found = strict_json((hub.root / "inspect.json").read_text(encoding="utf-8"))
+    assert found["inputs"] == read_stats(hub.out)["inputs"]
+    assert len(hub.stub.requests) == before
+
+
 def test_another_method_keeps_mergekits_behaviour_offline(hub):
     """Only ramplus reads hub ids from the cache: task_arithmetic offline is mergekit's own failure, as before."""
     config = config_of("org/base", ["org/agent-b"]).replace("ramplus", "task_arithmetic")
@@ -291,7 +305,9 @@ def _damage(home: Path, hub, how: str) -> str:
     snapshot = folder / "snapshots" / hub.sha["org/agent-b"]
     if how == "no snapshot":
         shutil.rmtree(snapshot)
-        return f"refs/main in the Hub cache {folder} names commit {hub.sha['org/agent-b']}, whose snapshot folder is missing"
+        return f"refs/main in the Hub cache {folder} names commit {hub.sha['org/agent-b']}, whose snapshot folder is " + (
+            "missing"
+        )
     if how == "no weights":
         (snapshot / "model.safetensors").unlink()
         return f"the Hub cache's snapshot {snapshot} (main) is incomplete: no weight file"

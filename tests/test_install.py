@@ -340,8 +340,8 @@ def test_readme_install_says_the_compiled_kernel_its_compiler_and_the_torch_path
                           timeout=120, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     line = done.stdout.splitlines()[1]
-    assert line == "fused CPU kernel: cannot be built: no C compiler found ($CC unset, no cc or gcc on PATH); the torch "\
-        "kernel runs, the same results, slower", line
+    said = "cannot be built: no C compiler found ($CC unset, no cc or gcc on PATH); the torch kernel runs, the same results"
+    assert line == f"fused CPU kernel: {said}, slower", line
     assert "the torch path runs instead and gives the same results" in section and "`mergekit-ram --version`" in section
 
 

@@ -121,7 +121,7 @@ def test_another_methods_card_is_mergekits(demo, tmp_path, monkeypatch):
 
 
 def test_a_ramplus_card_never_asks_about_a_local_folder(demo, monkeypatch):
-    import mergekit.merge  # noqa: F401  # the card's question is wrapped once mergekit.merge loads (as a merge loads it)
+    import mergekit.merge  # noqa: F401  # is_hf is wrapped once mergekit.merge loads (as every merge loads it)
     from mergekit import card
 
     from mergekit_ram import session
@@ -273,13 +273,11 @@ def test_verify_of_a_local_typo_offers_the_nearest_folder(demo, capsys, monkeypa
     for typo in ("./mereged", "mereged"):
         assert cli.main(["verify", typo]) == 2
         out, err = capsys.readouterr()
-        assert out == "" and err == (
-            f"mergekit-ram verify: error: no such folder: {demo.root / 'mereged'}; did you mean {demo.root / 'merged'}?\n"
-        )
+        said = f"no such folder: {demo.root / 'mereged'}; did you mean {demo.root / 'merged'}?"
+        assert out == "" and err == f"mergekit-ram verify: error: {said}\n"
     assert cli.main(["verify", "rel.yaml"]) == 2  # a file: the folder that holds it
-    assert capsys.readouterr().err == (
-        f"mergekit-ram verify: error: not a folder: {demo.root / 'rel.yaml'}; the nearest existing folder is {demo.root}\n"
-    )
+    said = f"not a folder: {demo.root / 'rel.yaml'}; the nearest existing folder is {demo.root}"
+    assert capsys.readouterr().err == f"mergekit-ram verify: error: {said}\n"
     assert cli.main(["verify", "merged", "--input-dir", "agnets"]) == 2
     assert capsys.readouterr().err == "mergekit-ram verify: error: --input-dir agnets: no such folder in " + (
         f"{demo.root}; did you mean agents?\n"
