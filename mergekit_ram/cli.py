@@ -175,24 +175,29 @@ def _inspect(
 # --------------------------------------------------------------------------- #
 # verify
 # --------------------------------------------------------------------------- #
+#: verify's options in --help by what they change (`--lora-merge-cache`, where merged LoRAs are written: unlisted)
+VERIFY_HELP = {
+    "What it checks": ("share", "seed", "trust"),
+    "Where the inputs are": ("inputs", "inputs_from", "input_dir", "transformers_cache"),
+    "How it recomputes": ("cuda", "device", "low_cpu_memory", "read_to_gpu", "multi_gpu", "num_threads", "gpu_rich"),
+    "What it prints": ("as_json", "quiet", "verbosity", "help"),
+}
+
+
 def _verify_command() -> click.Command:
     from mergekit_ram._mergekit import options
     from mergekit_ram.reporting.report import RECORDED_OPTIONS
 
     @click.command(
         "verify",
+        cls=options.grouped(VERIFY_HELP),
         help=(
-            "Check that TARGET, an output folder or a merge on the Hugging Face Hub (ORG/NAME, or ORG/NAME@REVISION: "
-            "only the files verify reads are fetched, never code), holds what its ramplus merge makes of its "
-            "inputs, writing nothing and running no code from it or its inputs: check each input's recorded "
-            "identity (a hub id at its recorded revision, or a local copy), that mergekit_config.yml plans the "
-            "recorded parameters, recompute the merge tensor by tensor (rho counted again in memory: the statistics "
-            "cache is never evidence) and compare each tensor's bits with the published one; "
-            "then ram_stats.json's statistics, the card's RAM+ section, config.json and the copied tokenizer "
-            "files. The last line says what was checked and what was not. Exit 0: bit-identical; 1: the merge "
-            "is not what it records (each difference named); 2: a usage error; 3: cannot check (an input "
-            "missing or changed, a recorded option refused, a file refused or unreadable, the Hub unreachable, "
-            "silent or contradicting itself)."
+            "Check that TARGET, a merge's output folder or ORG/NAME[@REVISION] on the Hugging Face Hub (only the files "
+            "verify reads are fetched, never code), holds what its ramplus merge makes of its inputs: each input's "
+            "recorded identity, the plan, every tensor recomputed (rho counted again) and compared bit for bit, then "
+            "the statistics, the card and the other files a loader reads; writing nothing, running no code of them. "
+            "Exit 0: bit-identical; 1: not what it records (each difference named); 2: a usage error; 3: cannot "
+            "check (an input missing or changed, a file or option refused, the Hub unreachable or contradicting)."
         ),
     )
     @click.argument("target", metavar="OUT_DIR|ORG/NAME[@REVISION]")
@@ -215,9 +220,7 @@ def _verify_command() -> click.Command:
                   "sample (docs/verify.md)")  # fmt: skip
     @click.option("--sample-seed", "seed", metavar="N",
                   help="the seed of --sample's draw (default: drawn from the operating system; printed)")  # fmt: skip
-    # not those its folder's record fixes (`report.RECORDED_OPTIONS`: `--trust-remote-code` is verify's own flag,
-    # the user's consent), nor those of writing a folder (`options.WRITES`)
-    @options.declare(left_out=RECORDED_OPTIONS)
+    @options.declare(left_out=RECORDED_OPTIONS, hidden=("lora_merge_cache",), helps=options.READING_HELP)
     def verify(
         target: str,
         as_json: bool,
@@ -248,11 +251,10 @@ def _verify(
     trust: bool = False,
     sample: tuple[float, int] | None = None,
 ) -> None:
-    """`merge`: mergekit's merge options, made a `MergeOptions` (torch, mergekit) after the usage checks. What
-    the command line alone shows wrong is refused here, before the heavy imports: an `--input` or
-    `--inputs-from` without `=`, an `--input-dir` that is no folder. Each value is split where the record says
-    (`input_copies`: a recorded name may hold `=`). A TARGET that is no local path and reads as `org/name` is
-    a merge on the Hub (`hub.parse`), fetched first."""
+    """`merge`: mergekit's merge options, a `MergeOptions` after the usage checks, which come before the heavy
+    imports: an `--input` or `--inputs-from` without `=`, an `--input-dir` that is no folder (each value is split
+    where the record says, `input_copies`). A TARGET that is no local path and reads as `org/name` is a merge on
+    the Hub (`hub.parse`), fetched first."""
     from mergekit_ram.checks import paths
     from mergekit_ram.verify import hub
 
@@ -263,7 +265,7 @@ def _verify(
                 raise _UsageError(f"{option} {pair}: expected {form}")
     input_dir = None if input_dir is None else input_dir.expanduser()  # `--input-dir=~/x`: no shell expands it
     if input_dir is not None and not input_dir.is_dir():
-        raise _UsageError(f"--input-dir {input_dir}: no such folder")
+        raise _UsageError(f"--input-dir {input_dir}: no such folder{paths.where(str(input_dir))}")
     on_hub = hub.parse(str(target))
     published = None
     try:

@@ -78,6 +78,9 @@ class MergeSession:
     #: how the merge was run, as `ram_stats.json`'s `merge` record: what `mergekit-ram verify` needs to
     #: run it again from the output folder alone (`entry_point`, and what else the entry point adds)
     record: dict[str, Any] = field(default_factory=lambda: {"entry_point": "run_merge"})
+    #: (hub id, revision) -> its snapshot folder in the Hub cache, for the hub ids the Hub could not be asked
+    #: about (offline, unreachable): mergekit reads them there (`checks/hub_cache.py`)
+    from_cache: dict[tuple[str, str | None], str] = field(default_factory=dict)
 
     def owns(self, config: Any) -> bool:
         """Whether `config` is this session's (mergekit passes the same object along)."""

@@ -358,6 +358,43 @@ def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_o
 
 
 @pytest.mark.quick
+def test_verify_help_lists_what_changes_verify_grouped(capsys, monkeypatch):
+    """Issue 61: `verify --help` listed mergekit's `--lora-merge-cache` (where merged LoRAs are written) beside the
+    options that change what verify recomputes, in one list of 61 lines. Now its options come under four headings,
+    each once; `--lora-merge-cache` is accepted but not listed; `--transformers-cache` says what verify reads there."""
+    import re
+
+    from mergekit_ram import cli
+    from mergekit_ram._mergekit import verification
+    from mergekit_ram.errors import NotVerifiable
+
+    assert cli.main(["verify", "--help"]) == 0
+    text = capsys.readouterr().out
+    headings = [line for line in text.splitlines() if re.fullmatch(r"[A-Z][a-z ]+:", line)]
+    assert headings == ["What it checks:", "Where the inputs are:", "How it recomputes:", "What it prints:"]
+    sections = dict(zip(headings, re.split(r"\n(?:" + "|".join(headings) + r")\n", text)[1:]))
+    flags = {h: re.findall(r"^  (-\w, --[-\w]+|-[-\w]+)", body, re.M) for h, body in sections.items()}
+    assert flags == {
+        "What it checks:": ["--sample", "--sample-seed", "--trust-remote-code"],
+        "Where the inputs are:": ["--input", "--inputs-from", "--input-dir", "--transformers-cache"],
+        "How it recomputes:": ["--cuda", "--device", "--low-cpu-memory", "--read-to-gpu", "--multi-gpu",
+                               "-j, --num-threads", "--gpu-rich"],
+        "What it prints:": ["--json", "-q, --quiet", "-v", "--help"],
+    }  # fmt: skip
+    assert "lora" not in text.lower() and "Hub cache hub ids are read from" in text
+    seen = {}
+
+    def verify(folder, options, **_kwargs):
+        seen.update(options=options)
+        raise NotVerifiable("stop here")
+
+    monkeypatch.setattr(verification, "verify", verify)
+    assert cli.main(["verify", "/nowhere", "--lora-merge-cache", "/tmp/lora", "-q"]) == 2  # accepted, silently
+    assert seen["options"].lora_merge_cache == "/tmp/lora"
+    assert capsys.readouterr().err == "mergekit-ram verify: error: stop here\n"
+
+
+@pytest.mark.quick
 def test_merge_options_are_declared_as_mergekit_declares_them():
     """inspect and verify declare mergekit's merge options without importing mergekit (so that their help answers
     at once): each as mergekit's `add_merge_options` makes it (`-q` added to `--quiet`), and every field of

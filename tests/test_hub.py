@@ -10,9 +10,10 @@ subprocess with `HF_ENDPOINT` pointing at the stub and a fresh `HF_HOME` / `HF_H
 * the merged tensors equal the float64 reference of the weights each revision holds;
 * `ram_stats.json` and the card give each input's revision (the commit hash: the snapshot
   folder's name) and a content id equal to that of the folder the stub served;
-* offline (`HF_HUB_OFFLINE=1`) with that cache warm, the same hub ids fail: mergekit 0.1.5
-  asks `list_repo_files` before it looks in the cache. The snapshot folders, given as
-  paths, merge offline to the same bits.
+* offline (`HF_HUB_OFFLINE=1`) or with the Hub unreachable, that cache warm, the same hub ids merge from the
+  cache through every door (mergekit 0.1.5 asks `list_repo_files` first: a ramplus merge reads the snapshot),
+  to the same bits and record; what the cache lacks is one line. The snapshot folders, given as paths, merge
+  offline to the same bits.
 """
 
 from __future__ import annotations
@@ -176,25 +177,191 @@ def test_the_stub_served_the_documented_endpoints_only(hub):
 # ---------------------------------------------------------------- offline, cache warm
 
 
-def test_offline_hub_ids_fail_although_cached(hub):
-    """mergekit 0.1.5's ModelReference.local_path calls huggingface_hub.list_repo_files before
-    snapshot_download (which would fall back to the cache), so offline a hub id is an error
-    even with its snapshot cached. The message (huggingface_hub 2.4.0):
-    "huggingface_hub.errors.OfflineModeIsEnabled: Cannot reach
-    http://127.0.0.1:PORT/api/models/org/base/tree/main?recursive=true&expand=false: offline
-    mode is enabled. To disable it, please unset the `HF_HUB_OFFLINE` environment variable."""
+def unreachable_url() -> str:
+    """A loopback URL nothing listens on: every request is refused at once."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{free.getsockname()[1]}"
+
+
+def network(hub, how: str) -> dict:
+    """The environment of a merge whose Hub is `offline` (HF_HUB_OFFLINE=1) or `unreachable`, its cache warm."""
+    if how == "offline":
+        return hub_env(hub.stub.url, hub.home, offline=True)
+    return hub_env(unreachable_url(), hub.home)
+
+
+def same_as_online(hub, out: Path, card: bool = True) -> None:
+    """`out` holds the online merge's bits, records the same inputs (labels, hub ids, revisions, content ids), and
+    its card is the online card but for its title (the output folder's name): `card`, a merge of the same config
+    file (`run_merge` called by a script writes the config as mergekit dumps it)."""
+    merged, online = models.load_checkpoint(out), models.load_checkpoint(hub.out)
+    assert set(merged) == set(online)
+    for name, tensor in online.items():
+        assert torch.equal(merged[name], tensor), name
+    assert read_stats(out)["inputs"] == read_stats(hub.out)["inputs"]
+    if card:
+        text, online = ((folder / "README.md").read_text(encoding="utf-8") for folder in (out, hub.out))
+        assert f"\n# {out.name}\n" in text
+        assert text.replace(f"\n# {out.name}\n", f"\n# {hub.out.name}\n") == online
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("how", ["offline", "unreachable"])
+def test_hub_ids_merge_offline_from_the_warm_cache(hub, how):
+    """Issue 61: mergekit 0.1.5 lists a hub id's files on the Hub before it looks in its cache, so offline a hub id
+    stopped in an 81-line traceback (OfflineModeIsEnabled) even cached. A ramplus merge reads each from its snapshot
+    (refs/main's commit, or the commit given) and records what the online merge recorded; the Hub is asked nothing."""
     for repo, sha in (("org/base", hub.sha["org/base"]), ("org/agent-a", hub.old), ("org/agent-a", hub.new)):
         assert (snapshot_folder(hub, repo, sha) / "model.safetensors").is_file()  # the cache is warm
     assert (hub.home / "hub" / "models--org--agent-a" / "refs" / "main").read_text() == hub.new
     before = len(hub.stub.requests)
-    config = config_of("org/base", list(hub.labels))
-    done = merge(config, hub.root, "offline-ids", hub_env(hub.stub.url, hub.home, offline=True))
+    done = merge(config_of("org/base", list(hub.labels)), hub.root, f"cached-{how}", network(hub, how))
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "Traceback" not in done.stderr
+    assert len(hub.stub.requests) == before  # nothing asked
+    same_as_online(hub, hub.root / f"cached-{how}")
+
+
+def test_hub_ids_offline_through_mergekit_multi_and_run_merge(hub):
+    """The other doors of hub ids: `mergekit-multi`, and `run_merge` called by a script (both in a process started
+    with HF_HUB_OFFLINE=1, which huggingface_hub and transformers read when they load)."""
+    before = len(hub.stub.requests)
+    (hub.root / "multi.yml").write_text("name: ram\n" + config_of("org/base", list(hub.labels)), encoding="utf-8")
+    done = subprocess.run(
+        [_exe("mergekit-multi"), str(hub.root / "multi.yml"), "--intermediate-dir", str(hub.root / "multi")],
+        capture_output=True, text=True, timeout=300, env=network(hub, "offline"), cwd=str(hub.root / "cwd"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert read_stats(hub.root / "multi" / "ram")["inputs"] == read_stats(hub.out)["inputs"]
+    script = (
+        "import sys, yaml\n"
+        "from mergekit.config import MergeConfiguration\n"
+        "from mergekit.merge import run_merge\n"
+        "from mergekit.options import MergeOptions\n"
+        "config = MergeConfiguration.model_validate(yaml.safe_load(open(sys.argv[1])))\n"
+        "run_merge(config, sys.argv[2], MergeOptions(quiet=True, copy_tokenizer=False))\n"
+    )
+    (hub.root / "script.yml").write_text(config_of("org/base", list(hub.labels)), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(hub.root / "script.yml"), str(hub.root / "script")],
+        capture_output=True, text=True, timeout=300, env=network(hub, "offline"), cwd=str(hub.root / "cwd"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    same_as_online(hub, hub.root / "script", card=False)
+    assert len(hub.stub.requests) == before
+
+
+def test_inspect_reads_hub_ids_offline_from_the_cache(hub):
+    """`mergekit-ram inspect` plans as a merge does: offline, the same hub ids from the cache, the same inputs."""
+    (hub.root / "inspect.yml").write_text(config_of("org/base", list(hub.labels)), encoding="utf-8")
+    before = len(hub.stub.requests)
+    done = subprocess.run(
+        [_exe("mergekit-ram"), "inspect", str(hub.root / "inspect.yml"), "--json", str(hub.root / "inspect.json")],
+        capture_output=True, text=True, timeout=300, env=network(hub, "offline"), cwd=str(hub.root / "cwd"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    found = strict_json((hub.root / "inspect.json").read_text(encoding="utf-8"))
+    assert found["inputs"] == read_stats(hub.out)["inputs"]
+    assert len(hub.stub.requests) == before
+
+
+def test_another_method_keeps_mergekits_behaviour_offline(hub):
+    """Only ramplus reads hub ids from the cache: task_arithmetic offline is mergekit's own failure, as before."""
+    config = config_of("org/base", ["org/agent-b"]).replace("ramplus", "task_arithmetic")
+    done = merge(config, hub.root, "other-method", network(hub, "offline"))
     assert done.returncode != 0
-    assert "OfflineModeIsEnabled" in done.stderr and "offline mode is enabled" in done.stderr, done.stderr[-3000:]
-    assert re.search(r"Cannot reach \S+/api/models/org/[a-z-]+/tree/", done.stderr), done.stderr[-3000:]
-    assert "list_repo_files" in done.stderr  # mergekit/common.py, local_path
-    assert not (hub.root / "offline-ids").exists()  # nothing written
-    assert len(hub.stub.requests) == before  # and nothing asked
+    assert "OfflineModeIsEnabled" in done.stderr and "list_repo_files" in done.stderr, done.stderr[-3000:]
+    assert not (hub.root / "other-method" / "model.safetensors").exists()
+
+
+@pytest.fixture
+def cache_copy(hub, tmp_path):
+    """A private copy of the warm Hub cache (links kept), to damage."""
+    home = tmp_path / "hf_home"
+    shutil.copytree(hub.home / "hub", home / "hub", symlinks=True)
+    return home
+
+
+def _offline_run_merge(monkeypatch, home: Path, config_text: str, out: Path):
+    """`run_merge` in this process, offline, with `home` as HF_HOME: what the input check says."""
+    import yaml
+    from huggingface_hub import constants
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import run_merge
+    from mergekit.options import MergeOptions
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    config = MergeConfiguration.model_validate(yaml.safe_load(config_text))
+    run_merge(config, str(out), MergeOptions(quiet=True, copy_tokenizer=False))
+
+
+def _damage(home: Path, hub, how: str) -> str:
+    """Damage org/agent-b's snapshot at main in the cache copy `home`; what the line must say."""
+    folder = home / "hub" / "models--org--agent-b"
+    snapshot = folder / "snapshots" / hub.sha["org/agent-b"]
+    if how == "no snapshot":
+        shutil.rmtree(snapshot)
+        return f"refs/main in the Hub cache {folder} names commit {hub.sha['org/agent-b']}, whose snapshot folder is " + (
+            "missing"
+        )
+    if how == "no weights":
+        (snapshot / "model.safetensors").unlink()
+        return f"the Hub cache's snapshot {snapshot} (main) is incomplete: no weight file"
+    blob = (snapshot / "config.json").resolve()
+    blob.unlink()  # an interrupted download: the link is there, its blob is not
+    return f"the Hub cache's snapshot {snapshot} (main) is incomplete: config.json link(s) to a blob that is not there"
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("how", ["no snapshot", "no weights", "blob gone"])
+def test_a_damaged_snapshot_is_one_line(hub, cache_copy, tmp_path, monkeypatch, how):
+    from mergekit_ram.errors import RamError
+
+    said = _damage(cache_copy, hub, how)
+    with pytest.raises(RamError) as info:
+        _offline_run_merge(monkeypatch, cache_copy, config_of("org/base", ["org/agent-b"]), tmp_path / "out")
+    line = str(info.value)
+    assert line.startswith("input model org/agent-b: ") and said in line and "HF_HUB_OFFLINE is set" in line, line
+    assert "\n" not in line and not (tmp_path / "out").exists()
+
+
+def test_a_commit_the_cache_does_not_hold_is_one_line_naming_both(hub, tmp_path, monkeypatch):
+    """Never another commit's weights: the cache holds org/agent-b at main's commit only."""
+    from hub_stub import commit_sha
+
+    from mergekit_ram.errors import RamError
+
+    asked, held = commit_sha("org/agent-b", 9), hub.sha["org/agent-b"]
+    with pytest.raises(RamError) as info:
+        _offline_run_merge(monkeypatch, hub.home, config_of("org/base", [f"org/agent-b@{asked}"]), tmp_path / "out")
+    folder = hub.home / "hub" / "models--org--agent-b"
+    assert str(info.value) == (
+        f"input model org/agent-b@{asked}: the Hub cache {folder} holds commit {held} (refs/main), not commit "
+        f"{asked}; another commit's weights are not read (HF_HUB_OFFLINE is set)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_branch_or_repository_the_cache_lacks_is_one_line(hub, tmp_path, monkeypatch):
+    from mergekit_ram.errors import RamError
+
+    with pytest.raises(RamError) as info:
+        _offline_run_merge(monkeypatch, hub.home, config_of("org/base", ["org/agent-b@dev"]), tmp_path / "out")
+    folder = hub.home / "hub" / "models--org--agent-b"
+    assert str(info.value) == (
+        f"input model org/agent-b@dev: the Hub cache {folder} has no refs/dev; it holds commit "
+        f"{hub.sha['org/agent-b']} (refs/main) (HF_HUB_OFFLINE is set)"
+    )
+    with pytest.raises(RamError) as info:
+        _offline_run_merge(monkeypatch, hub.home, config_of("org/base", ["org/absent"]), tmp_path / "out")
+    assert str(info.value).startswith("input model org/absent is neither a folder in ")
+    assert str(info.value).endswith(
+        f" nor in the hub cache at revision main ({hub.home / 'hub' / 'models--org--absent'}; HF_HUB_OFFLINE is set)"
+    )
 
 
 def test_offline_snapshot_folders_merge_to_the_same_bits(hub):

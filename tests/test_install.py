@@ -315,6 +315,37 @@ def _install_groups() -> dict[str, list[str]]:
 
 
 @pytest.mark.quick
+def test_readme_install_says_the_compiled_kernel_its_compiler_and_the_torch_path(tmp_path):
+    """Issue 61: the README never said a C compiler is used, nor what happens without one. Its Install section names
+    the folder the kernel is built into (`cachedir.native()` for this HOME), the compilers `build.find_compiler`
+    looks for, and the torch path's same results, as `mergekit-ram --version` says them without a compiler."""
+    section = (REPO / "README.md").read_text(encoding="utf-8").split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    section = " ".join(section.split())  # as read, wherever its lines break
+    code = (
+        "import os\nfrom mergekit_ram.core import build, cachedir\n"
+        "print(str(cachedir.native()).replace(os.path.expanduser('~'), '~', 1))\n"
+        "print(build.find_compiler.__doc__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("CC", "XDG_CACHE_HOME", "MERGEKIT_RAM_CACHE")}
+    folder, doc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                                 check=True).stdout.strip().split("\n", 1)  # fmt: skip
+    assert f"`{folder}/`" in section and "`$XDG_CACHE_HOME/mergekit-ram`" in section, section
+    assert "`$CC`, else `cc` or `gcc`" in doc and "`$CC` names, else `cc` or `gcc`" in section
+    assert "compiled on first use" in section and "`MERGEKIT_RAM_NATIVE=0`" in section
+    # without a compiler, `--version` says what the README says: the torch path, the same results
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env.update(PATH=str(empty), HOME=str(tmp_path))
+    done = subprocess.run([sys.executable, "-m", "mergekit_ram.cli", "--version"], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stdout.splitlines()[1]
+    said = "cannot be built: no C compiler found ($CC unset, no cc or gcc on PATH); the torch kernel runs, the same results"
+    assert line == f"fused CPU kernel: {said}, slower", line
+    assert "the torch path runs instead and gives the same results" in section and "`mergekit-ram --version`" in section
+
+
+@pytest.mark.quick
 def test_readme_install_lines_name_what_they_claim():
     """The README said `pip install torch==2.13.0 .` "pins the CPU build": on PyPI, torch 2.13.0 for Linux x86-64
     is the CUDA build (it needs cuda-toolkit and nvidia-cudnn-cu13, measured with an isolated `pip install --dry-run

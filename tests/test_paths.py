@@ -121,6 +121,7 @@ def test_another_methods_card_is_mergekits(demo, tmp_path, monkeypatch):
 
 
 def test_a_ramplus_card_never_asks_about_a_local_folder(demo, monkeypatch):
+    import mergekit.merge  # noqa: F401  # is_hf is wrapped once mergekit.merge loads (as every merge loads it)
     from mergekit import card
 
     from mergekit_ram import session
@@ -259,6 +260,28 @@ def test_verify_of_a_typo_that_is_neither_a_folder_nor_on_the_hub(demo, tmp_path
     assert line.startswith(f"mergekit-ram verify: cannot check: {demo.root.name}/mergd@main: the Hub at "), line
     assert f"; nor is {demo.root.name}/mergd a folder in {demo.root.parent}; did you mean " in line, line
     assert line.endswith(f"{demo.root.name}/merged?"), line
+
+
+@pytest.mark.quick
+def test_verify_of_a_local_typo_offers_the_nearest_folder(demo, capsys, monkeypatch):
+    """Issue 61: `verify ./mereged` was `no such folder` alone, where `demo/mergd` (shaped like a hub id) got `did you
+    mean`; now both, and a file, get the nearest existing folder (`paths.where`), as --input-dir does."""
+    from mergekit_ram import cli
+
+    (demo.root / "merged").mkdir(exist_ok=True)
+    monkeypatch.chdir(demo.root)
+    for typo in ("./mereged", "mereged"):
+        assert cli.main(["verify", typo]) == 2
+        out, err = capsys.readouterr()
+        said = f"no such folder: {demo.root / 'mereged'}; did you mean {demo.root / 'merged'}?"
+        assert out == "" and err == f"mergekit-ram verify: error: {said}\n"
+    assert cli.main(["verify", "rel.yaml"]) == 2  # a file: the folder that holds it
+    said = f"not a folder: {demo.root / 'rel.yaml'}; the nearest existing folder is {demo.root}"
+    assert capsys.readouterr().err == f"mergekit-ram verify: error: {said}\n"
+    assert cli.main(["verify", "merged", "--input-dir", "agnets"]) == 2
+    assert capsys.readouterr().err == "mergekit-ram verify: error: --input-dir agnets: no such folder in " + (
+        f"{demo.root}; did you mean agents?\n"
+    )
 
 
 def test_verify_of_a_mergekit_pytorch_merge_with_relative_files(flat_mlp, tmp_path):

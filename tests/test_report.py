@@ -233,6 +233,32 @@ def test_model_card_keeps_mergekit_content_and_adds_statistics(merged, qwen_bf16
     assert "ram_stats.json" in section
 
 
+@pytest.mark.quick
+def test_the_card_is_the_same_bytes_for_the_same_merge(qwen_bf16, tmp_path):
+    """Issue 61: mergekit lists "Models Merged" from a set, whose order follows each process's string hashing, so two
+    merges of the same inputs wrote two README.md files. Merged by mergekit-yaml four times into one folder, each
+    process hashing strings its own way (PYTHONHASHSEED), the card is the same bytes, its models in the config's order
+    (on mergekit's order the four agree once in 216)."""
+    import subprocess
+
+    from helpers import console_script
+
+    agents = ("C", "A", "B")  # not the order of their folders' names either
+    config = tmp_path / "three.yml"
+    config.write_text(config_text(qwen_bf16, agents), encoding="utf-8")
+    cards = []
+    for seed in ("1", "2", "3", "4"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "HF_HUB_OFFLINE": "1", "MERGEKIT_RAM_CACHE": "off",
+               "MERGEKIT_RAM_NATIVE": "0"}  # fmt: skip
+        done = subprocess.run([console_script("mergekit-yaml"), str(config), str(tmp_path / "out"), "--quiet",
+                               "--no-copy-tokenizer"], capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        cards.append((tmp_path / "out" / "README.md").read_bytes())
+    assert all(card == cards[0] for card in cards)
+    listed = [line for line in cards[0].decode("utf-8").splitlines() if line.startswith("* ")]
+    assert listed == [f"* {qwen_bf16.path(who)}" for who in agents]
+
+
 def test_r_zero_card_says_not_computed_but_lists_inputs(run_yaml, qwen_bf16):
     run = run_yaml(config_text(qwen_bf16, "ABC", parameters="r: 0"))
     assert run.count_calls == 0

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from mergekit_ram import errors
+from mergekit_ram import errors, session
 from mergekit_ram._mergekit import counting, planner, surface, tasks
 from mergekit_ram.checks import input_checks, output_checks, paths
 from mergekit_ram.method import resolves_to_ours
@@ -93,7 +93,10 @@ class YamlDoor:
         )
 
     def check_inputs(self) -> None:
-        input_checks.check_input_paths(self.config, getattr(self.options, "transformers_cache", None))
+        cached = input_checks.check_input_paths(self.config, getattr(self.options, "transformers_cache", None))
+        current = session.current()
+        if current is not None and current.owns(self.config):  # hub ids read from the Hub cache (`hub_ids`)
+            current.from_cache.update(cached)
         if self.card:
             output_checks.check_config_serialisable(self.config)
         self.check_files()
@@ -129,6 +132,39 @@ class YamlDoor:
             "donor": LoaderCache().get(donor).index.base_path if donor.lora is None else None,
             "code": bool(self.options.trust_remote_code),
         }
+
+
+class InConfigOrder:
+    """`config`, read through, but for `referenced_models()`: its models in the config's order (the base first, as
+    mergekit walks them), not a set's. mergekit's card lists them so, and a set's order changes with each process's
+    string hashing (PYTHONHASHSEED): the same merge wrote another README.md."""
+
+    def __init__(self, config: Any):
+        order = {model: i for i, model in enumerate(dict.fromkeys(_models_in((config.base_model, config))))}
+        self._config = config
+        self._models = sorted(config.referenced_models(), key=lambda model: order.get(model, len(order)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+    def referenced_models(self) -> list[Any]:
+        return list(self._models)
+
+
+def _models_in(value: Any) -> list[Any]:
+    """Every model reference in `value` (a config, or anything in it), in the order its fields and lists hold them."""
+    from mergekit.common import ModelReference
+    from pydantic import BaseModel
+
+    if isinstance(value, ModelReference):
+        return [value]
+    if isinstance(value, BaseModel):
+        return [m for key in type(value).model_fields for m in _models_in(getattr(value, key))]
+    if isinstance(value, (list, tuple)):
+        return [m for item in value for m in _models_in(item)]
+    if isinstance(value, dict):
+        return [m for item in value.values() for m in _models_in(item)]
+    return []
 
 
 def _read_config(folder: str) -> Any:

@@ -10,11 +10,10 @@
   statistics pass on the planned tasks (`pipeline.prepare`);
 - `MergePlanner.plan_to_disk`: refuse an output folder inside an input model,
   drop a stale `ram_stats.json` there, and queue the new one;
-- `mergekit.merge.generate_card`: append the "RAM+ statistics" section;
+- `mergekit.merge.generate_card`: list the models in the config's order (`door_yaml.InConfigOrder`), write the
+  front matter from the report and append the "RAM+ statistics" section;
 - `mergekit.tokenizer.build.build_union_tokenizer`: a union's added tokens in one order (`tokenizer_order`);
-- `mergekit.card.is_hf` (the card's question whether a model is on the Hub), in a `ramplus` merge: a model that
-  is a local file or folder is local, never asked of the Hub, and a question the Hub cannot answer (offline,
-  unreachable) makes it local too: a finished merge is not lost to the card's metadata;
+- `ModelReference.local_path` and `mergekit.card.is_hf`, in a `ramplus` merge: `hub_ids`;
 - `mergekit.scripts.merge_raw_pytorch.plan_flat_merge` (`mergekit-pytorch`, whose `main` looks it up
   in its module when it runs): a `ramplus` config is planned as one
   `MergeSession` on the same pipeline: input files and the output folder
@@ -41,7 +40,17 @@ from collections.abc import Callable
 from typing import Any
 
 from mergekit_ram import errors, method, session
-from mergekit_ram._mergekit import door_pytorch, door_yaml, flat, loading, pipeline, surface, tasks, tokenizer_order
+from mergekit_ram._mergekit import (
+    door_pytorch,
+    door_yaml,
+    flat,
+    hub_ids,
+    loading,
+    pipeline,
+    surface,
+    tasks,
+    tokenizer_order,
+)
 from mergekit_ram.checks import config_checks, output_checks
 from mergekit_ram.method import resolves_to_ours
 from mergekit_ram.reporting import card
@@ -85,9 +94,7 @@ def install_merge() -> None:
     surface.wrap(merge, "run_merge", _run_merge, surface.HOOKED)
     if getattr(merge, "generate_card", None) is not None:
         surface.wrap(merge, "generate_card", _generate_card, surface.HOOKED)
-    card_module: Any = sys.modules.get("mergekit.card")  # imported by mergekit.merge
-    if card_module is not None and not surface.marked(card_module.is_hf, surface.HOOKED):
-        surface.wrap(card_module, "is_hf", _is_hf, surface.HOOKED)
+    hub_ids.install()  # hub ids offline from the Hub cache; the card's question about the Hub
     build: Any = sys.modules.get("mergekit.tokenizer.build")  # imported by mergekit.merge
     if build is not None and not surface.marked(build.build_union_tokenizer, surface.HOOKED):
         surface.wrap(build, "build_union_tokenizer", tokenizer_order.union_in_order, surface.HOOKED)
@@ -201,32 +208,15 @@ def _plan_flat_merge(original: Callable[..., list[Any]]) -> Callable[..., list[A
 
 def _generate_card(generate: Callable[..., str]) -> Callable[..., str]:
     def generate_card(config: Any, *args: Any, **kwargs: Any) -> str:
-        text: str = generate(config, *args, **kwargs)
         current = session.current()
         if current is None or not current.owns(config) or current.report is None:
-            return text
+            return generate(config, *args, **kwargs)
+        ordered = door_yaml.InConfigOrder(config)  # the same bytes for the same merge: no set's order
+        text: str = generate(ordered, *args, **kwargs)
         text = card.card_front_matter(text, current.report)
         return text.rstrip("\n") + "\n\n" + card.card_section(current.report)
 
     return generate_card
-
-
-def _is_hf(original: Callable[[str], bool]) -> Callable[[str], bool]:
-    """mergekit's card links a model to the Hub when `is_hf` says it is a repository: it asks the Hub about a
-    path that exists here (`huggingface_hub.repo_exists`), which raises offline or unreachable, after the merge
-    wrote every tensor. In a `ramplus` merge, a path that exists is local; an error is "not on the Hub"."""
-
-    def is_hf(path: str) -> bool:
-        if session.current() is None:  # another method's merge: mergekit's own answer
-            return original(path)
-        if os.path.exists(path):
-            return False
-        try:
-            return original(path)  # a path that is not here: a hub id, said without asking
-        except Exception:  # the card's link is not worth the merge
-            return False
-
-    return is_hf
 
 
 def _session_for(planner: Any) -> session.MergeSession:

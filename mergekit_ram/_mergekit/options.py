@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import click
 
@@ -57,6 +57,12 @@ WRITES = (
 )
 
 
+#: what a merge option does in a command that reads models and writes none (verify), where mergekit's help says
+#: otherwise
+READING_HELP = {
+    "transformers_cache": "the Hub cache hub ids are read from (ORG/NAME is fetched into it) [default: HF_HUB_CACHE]"
+}
+
 #: the merge options that take a path: `~` expanded, as in every path option of ours (no shell expands `--x=~/y`)
 PATHS = frozenset({"transformers_cache", "lora_merge_cache"})
 
@@ -82,9 +88,12 @@ def _declarations(name: str, kind: type) -> tuple[list[str], dict[str, Any]]:
     return [f"--{flag}"], {}
 
 
-def declare(left_out: Collection[str] = ()) -> Callable[[F], F]:
+def declare(
+    left_out: Collection[str] = (), hidden: Collection[str] = (), helps: dict[str, str] | None = None
+) -> Callable[[F], F]:
     """Add mergekit's merge options in `FIELDS` but `left_out` to a click command, as `add_merge_options` does;
-    the command gets each as a keyword argument (`merge_options` gathers them)."""
+    the command gets each as a keyword argument (`merge_options` gathers them). Those in `hidden` are accepted but not
+    shown in --help; `helps`: another help text than mergekit's, for what the option does in this command."""
 
     def decorate(function: F) -> F:
         for name, (kind, default, text) in reversed(FIELDS.items()):
@@ -92,11 +101,39 @@ def declare(left_out: Collection[str] = ()) -> Callable[[F], F]:
                 continue
             names, settings = _declarations(name, kind)
             function = click.option(
-                *names, type=kind, default=default, help=text, show_default=name != "verbosity", **settings
-            )(function)
+                *names, type=kind, default=default, help=(helps or {}).get(name, text), hidden=name in hidden,
+                show_default=name != "verbosity", **settings,
+            )(function)  # fmt: skip
         return function
 
     return decorate
+
+
+class Grouped(click.Command):
+    """A command whose --help lists its options under headings (`groups`: heading -> parameter names, in order); an
+    option in no group is listed last, under "Other options", so none is ever left out of --help by mistake."""
+
+    groups: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        shown = self.get_help_option(ctx)
+        records = {
+            "help" if p is shown else p.name: p.get_help_record(ctx)
+            for p in self.get_params(ctx)
+            if isinstance(p, click.Option)
+        }
+        placed = {name for names in self.groups.values() for name in names}
+        other = tuple(name for name in records if name not in placed)
+        for heading, names in (*self.groups.items(), ("Other options", other)):
+            rows = [record for name in names if (record := records.get(name)) is not None]
+            if rows:
+                with formatter.section(heading):
+                    formatter.write_dl(rows)
+
+
+def grouped(groups: dict[str, tuple[str, ...]]) -> type[click.Command]:
+    """A `Grouped` command class whose --help has `groups`."""
+    return type("Grouped", (Grouped,), {"groups": groups})
 
 
 def merge_options(given: dict[str, Any]) -> Any:

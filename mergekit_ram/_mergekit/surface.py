@@ -118,6 +118,8 @@ NAMES: tuple[Name, ...] = (
     Name("mergekit.card", "is_hf", MERGE),
     # a union tokenizer numbers its new tokens in the order each tokenizer lists them: fixed in a ramplus merge
     Name("mergekit.tokenizer.build", "build_union_tokenizer", MERGE),
+    # a hub id the Hub cannot be asked about, read from the Hub cache in a ramplus merge (`hub_ids`)
+    Name("mergekit.common", "ModelReference.local_path", MERGE),
     # fast loading: functions whose bodies `loading` mirrors, hashed
     Name("mergekit.io.lazy_tensor_loader", "LazyTensorLoader.get_tensor", LOADING, "source", "dd0df1e785f47b7b"),
     Name(_TASKS, "LoadTensor._load_converted_tensor", LOADING, "source", "ee2a16e7a15ea57d"),

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mergekit_ram import files
-from mergekit_ram.checks import paths
+from mergekit_ram.checks import hub_cache, paths
 from mergekit_ram.errors import RamError
 
 LOG = logging.getLogger("mergekit_ram")
@@ -25,22 +25,32 @@ WEIGHT_NAMES = (
 )
 
 
-def check_input_paths(config: Any, cache_dir: str | None = None) -> None:
+def check_input_paths(config: Any, cache_dir: str | None = None) -> dict[tuple[str, str | None], str]:
     """Each input model (and LoRA) of a `mergekit-yaml` config is a folder, or a hub id the hub knows, before
     mergekit asks the hub for it: a mistyped path was 65 lines and two tracebacks ending in huggingface_hub's
     "Repo id must be in the form ...". A file is `mergekit-pytorch`'s input: said so. `cache_dir`: mergekit's
     `--transformers-cache`, where an offline hub id must be. A relative path is read from the working folder: a
-    line about one names that folder, and the same path read from the config's folder where it is one."""
+    line about one names that folder, and the same path read from the config's folder where that exists.
+
+    Returns (hub id, revision) -> its snapshot folder in the Hub cache, for each hub id the Hub cannot be asked about
+    (offline, unreachable): the merge reads it there (`hub_cache`)."""
     config_dir = paths.config_folder()
+    found = {}
     for model in config.referenced_models():
         for what, path in (("input model", model.model), ("LoRA of input model", model.lora)):
             if path is not None:
-                _check_model_path(what, path.path, path.revision, cache_dir, config_dir)
+                folder = _check_model_path(what, path.path, path.revision, cache_dir, config_dir)
+                if folder is not None:
+                    found[(path.path, path.revision)] = folder
+    return found
 
 
-def _check_model_path(what: str, path: str, revision: str | None, cache_dir: str | None, config_dir: str | None):
+def _check_model_path(
+    what: str, path: str, revision: str | None, cache_dir: str | None, config_dir: str | None
+) -> str | None:
+    """None for a folder or a hub id the Hub knows; the snapshot folder of one it cannot be asked about."""
     if os.path.isdir(path):
-        return
+        return None
     if os.path.lexists(path):
         raise RamError(
             f"{what} {path} is a file, not a model folder: mergekit-yaml merges folders (config.json beside the "
@@ -49,30 +59,34 @@ def _check_model_path(what: str, path: str, revision: str | None, cache_dir: str
     here, near = paths.looked(path, "folder", config_dir), paths.nearest(path, "folder")
     if not paths.hub_id_form(path):  # absolute, ./, ../, ~, a/b/c: no hub id
         raise RamError(f"{what} {path}: no such folder{here}{near}")
-    known, where = _on_hub(path, revision, cache_dir)
+    known, where = _on_hub(path, revision)
     named = f"{path}@{revision}" if revision else path
     if known is False:
         raise RamError(f"{what} {named} is neither a folder{here} nor {where}{near}")
-    if known is None and not _cached(path, cache_dir):  # offline or unreachable: mergekit would retry, then fail
-        raise RamError(f"{what} {named} is neither a folder{here} nor in the hub cache, and {where}{near}")
-    if known is None and near.startswith("; did you mean"):  # a local typo, most likely: mergekit would fail too
-        raise RamError(f"{what} {named}: no such folder{here}{near} ({where})")
+    if known:
+        return None
+    # offline or unreachable: mergekit would ask the Hub (and retry), then fail; the Hub cache answers
+    if not hub_cache.cached(path, cache_dir):
+        cache = f"the hub cache at revision {revision or 'main'} ({hub_cache.repository_folder(path, cache_dir)}"
+        why = f"; {OFFLINE})" if where == OFFLINE else f"), and {where}"
+        raise RamError(f"{what} {named} is neither a folder{here} nor in {cache}{why}{near}")
+    if what != "input model":  # a LoRA: peft reads it from the cache
+        return None
+    return hub_cache.snapshot(f"{what} {named}", path, revision, cache_dir, where)
 
 
-def _cached(repo: str, cache_dir: str | None) -> bool:
-    from huggingface_hub import constants
-
-    return os.path.isdir(os.path.join(cache_dir or constants.HF_HUB_CACHE, "models--" + repo.replace("/", "--")))
+#: `_on_hub`'s reason when it asks nothing
+OFFLINE = "HF_HUB_OFFLINE is set"
 
 
-def _on_hub(repo: str, revision: str | None, cache_dir: str | None) -> tuple[bool | None, str]:
-    """Whether the hub has model `repo` at `revision` (None: it cannot tell), and where it was looked for. Under
-    HF_HUB_OFFLINE, whether the hub cache holds it: nothing is asked. Asked once, never retried."""
+def _on_hub(repo: str, revision: str | None) -> tuple[bool | None, str]:
+    """Whether the hub has model `repo` at `revision` (None: it cannot tell, offline or unreachable), and where it
+    was looked for. Under HF_HUB_OFFLINE nothing is asked. Asked once, never retried."""
     from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     if constants.HF_HUB_OFFLINE:
-        return _cached(repo, cache_dir), "in the hub cache (HF_HUB_OFFLINE is set)"
+        return None, OFFLINE
     try:
         HfApi().repo_info(repo, revision=revision, repo_type="model")
     except GatedRepoError:  # it exists; mergekit says what access it needs

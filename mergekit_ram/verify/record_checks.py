@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from mergekit_ram import files
-from mergekit_ram.checks import input_checks, output_checks
+from mergekit_ram.checks import input_checks, output_checks, paths
 from mergekit_ram.errors import NotVerifiable, Unreadable
 from mergekit_ram.reporting.labels import renamed, upgraded
 from mergekit_ram.verify import folder_checks
@@ -36,8 +36,9 @@ def read_report(folder: str) -> dict:
     NotVerifiable (a usage error) for no such folder, no ram_stats.json, another program's or another
     method's file, or a newer format; Unreadable for a file that is not JSON.
     """
-    if not os.path.isdir(folder):
-        raise NotVerifiable(f"{'not a folder' if os.path.exists(folder) else 'no such folder'}: {folder}")
+    if not os.path.isdir(folder):  # the nearest existing folder offered, as for a name shaped like a hub id
+        said = "not a folder" if os.path.exists(folder) else "no such folder"
+        raise NotVerifiable(f"{said}: {folder}{paths.where(folder)}")
     path = os.path.join(folder, output_checks.STATS_FILE)
     if not os.path.lexists(path):
         raise NotVerifiable(

@@ -343,8 +343,8 @@ MISSING = {
     "absolute": ("{work}/agnts/tool", ".", "did you mean {work}/agents/tool?"),
     "./": ("./agents/tol", ".", "did you mean agents/tool?"),
     "../": ("../agents/tol", "agents", "did you mean ../agents/tool?"),
-    "org/name, offline": ("agents/tol", ".", "neither a folder in {work} nor in the hub cache (HF_HUB_OFFLINE is "
-                          "set); did you mean agents/tool?"),  # fmt: skip
+    "org/name, offline": ("agents/tol", ".", "neither a folder in {work} nor in the hub cache at revision main ("
+                          "{cache}/models--agents--tol; HF_HUB_OFFLINE is set); did you mean agents/tool?"),  # fmt: skip
 }
 
 
@@ -356,7 +356,7 @@ def test_a_missing_model_path_is_named_through_run_merge(rel, qwen_bf16, workdir
 
     from mergekit_ram.errors import RamError
 
-    written, where, suggestion = (text.format(work=workdir) for text in MISSING[form])
+    written, where, suggestion = (text.format(work=workdir, cache=tmp_path / "hub-cache") for text in MISSING[form])
     monkeypatch.chdir(workdir / where)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # nothing leaves the machine
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
