@@ -266,6 +266,7 @@ def _verify(
         raise _UsageError(f"--input-dir {input_dir}: no such folder")
     on_hub = hub.parse(str(target))
     published = None
+    restore = hub.quiet_bars(as_json or bool(merge.get("quiet")))  # -q, --json: huggingface_hub's bars too
     try:
         if on_hub is not None:  # before torch and mergekit load: a repository the Hub lacks is one line at once
             cache = merge.get("transformers_cache")
@@ -303,6 +304,8 @@ def _verify(
             print(verdict.dumps(outcome), end="")
         print(f"{PROG} verify: cannot check: {message}", file=sys.stderr)
         raise _NotIdentical(CANNOT_CHECK) from error
+    finally:
+        restore()
     if as_json:
         from mergekit_ram.verify import verdict
 

@@ -14,7 +14,9 @@ ranges as the Hub does (HTTP 206), or, on request, ignores them or answers other
 from __future__ import annotations
 
 import json
+import math
 import subprocess
+from pathlib import Path
 
 import pytest
 from hub_stub import HubStub, hub_env
@@ -26,31 +28,43 @@ from mergekit_ram.verify import ranged, sample
 
 
 @pytest.mark.quick
-def test_the_stand_ins_ranges_through_huggingface_hubs_client(qwen_bf16):
-    from huggingface_hub import hf_hub_url
+@pytest.mark.parametrize("redirect", [False, True])
+def test_the_stand_ins_ranges_through_huggingface_hubs_client(qwen_bf16, tmp_path, redirect):
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
     from huggingface_hub.utils import get_session
 
     data = (qwen_bf16.paths["base"] / "model.safetensors").read_bytes()
-    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=300) as stub:
+    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=300, redirect=redirect) as stub:
         sha = stub.shas["org/base"][0]
         url = hf_hub_url("org/base", "model.safetensors", revision=sha, endpoint=stub.url)
-        answer = get_session().get(url, headers={"Range": "bytes=3-10"})
+        found = get_hf_file_metadata(url)  # as the Hub: the commit, etag and size on the answer that redirects
+        assert (found.commit_hash, found.size) == (sha, len(data))
+        assert found.etag == __import__("hashlib").sha256(data).hexdigest()
+        assert found.location.startswith(stub.cdn_url if redirect else stub.url)
+        if redirect:
+            moved = get_session().get(url, follow_redirects=False)
+            assert moved.status_code == 302 and moved.headers["X-Linked-Size"] == str(len(data))
+            assert "X-Repo-Commit" not in get_session().get(moved.headers["Location"]).headers  # the other origin
+        got = hf_hub_download("org/base", "model.safetensors", revision=sha, cache_dir=str(tmp_path / "hf"),
+                              endpoint=stub.url)  # fmt: skip
+        assert Path(got).read_bytes() == data
+        answer = get_session().get(url, headers={"Range": "bytes=3-10"}, follow_redirects=True)
         assert (answer.status_code, answer.content) == (206, data[3:11])
         assert answer.headers["Content-Range"] == f"bytes 3-10/{len(data)}"
-        answer = get_session().get(url, headers={"Range": "bytes=5-"})
+        answer = get_session().get(url, headers={"Range": "bytes=5-"}, follow_redirects=True)
         assert (answer.status_code, answer.content) == (206, data[5:])
-        assert get_session().get(url, headers={"Range": f"bytes={len(data)}-"}).status_code == 416
-        assert get_session().get(url).content == data  # no range: the whole file, as before
+        past = get_session().get(url, headers={"Range": f"bytes={len(data)}-"}, follow_redirects=True)
+        assert past.status_code == 416
         reader = ranged.Reader(endpoint=stub.url)
         assert reader.read("org/base", sha, "model.safetensors", 100, 200) == (data[100:200], len(data))
         assert reader.received == 100 and reader.more_than_needed == []
         assert stub.sent[-1] == ("/org/base/model.safetensors", "bytes=100-199", 100)
-    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=300, ranges="ignore") as stub:
-        reader = ranged.Reader(endpoint=stub.url)
-        assert reader.read("org/base", sha, "model.safetensors", 100, 200) == (data[100:200], len(data))
+    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=300, ranges="ignore", redirect=redirect) as stub:
+        reader = ranged.Reader(endpoint=stub.url)  # the whole file, kept: it is not asked for again
+        assert reader.read("org/base", sha, "model.safetensors", 100, 200) == (data, len(data))
         assert reader.more_than_needed == [f"org/base@{sha}/model.safetensors: the server ignored a range and sent "
                                            "the whole file"]  # fmt: skip
-    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=300, ranges="short") as stub:
+    with HubStub({"org/base": [qwen_bf16.paths["base"]]}, lifetime=300, ranges="short", redirect=redirect) as stub:
         with pytest.raises(Unreadable, match=f"org/base@{sha}/model.safetensors: asked for bytes 100-199, the server"):
             ranged.Reader(endpoint=stub.url).read("org/base", sha, "model.safetensors", 100, 200)
 
@@ -71,12 +85,16 @@ def _served(hub, more: dict) -> dict:
     return {**served, "org/merged": [hub.out], **more}
 
 
-def _seed(hub, tensor: str, share: float, drawn: bool = True) -> int:
-    """A seed whose draw takes `tensor` (or leaves it, `drawn` false), as verify draws over the merge's tensors."""
+def _seed(hub, tensor: str, share: float, element: int = 0) -> int:
+    """A seed whose slice of `tensor` holds `element`, as verify cuts it (its shape from the merge's header)."""
     with safe_open(str(hub.out / "model.safetensors"), framework="pt") as f:
-        sizes = {name: f.get_slice(name).get_shape() for name in f.keys()}
-    numel = {name: int(__import__("math").prod(shape)) for name, shape in sizes.items()}
-    return next(seed for seed in range(1000) if (tensor in sample.draw(numel, share, seed).names) == drawn)
+        shape = f.get_slice(tensor).get_shape()
+    numel, row = math.prod(shape), math.prod(shape[1:])
+    for seed in range(1000):
+        cut = sample.cut(tensor, numel, row, share, seed)
+        if any(a <= element < b for a, b in cut.spans()):
+            return seed
+    raise AssertionError(f"no seed slices element {element} of {tensor}")
 
 
 def test_a_sample_from_the_hub_reads_ranges_only(hub, published, tmp_path):  # noqa: F811
@@ -85,7 +103,7 @@ def test_a_sample_from_the_hub_reads_ranges_only(hub, published, tmp_path):  # n
                           "--sample-seed", "4", "--json")  # fmt: skip
     before = len(published.stub.sent)
     assert done.returncode == 0 and found is not None, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "no difference in a sample of" in found["headline"] and found["hub"]["repository"] == "org/merged"
+    assert "no difference in a slice of every tensor" in found["headline"] and found["hub"]["repository"] == "org/merged"
     weights = [row for row in published.stub.sent[:before] if row[0].endswith(".safetensors")]
     assert weights and all(asked is not None for _, asked, _ in weights), weights  # ranges only
     whole = sum((hub.stub_folders[w] / "model.safetensors").stat().st_size for w in ("base", "A", "B", "C"))

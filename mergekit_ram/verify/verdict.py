@@ -155,14 +155,7 @@ class Outcome:
 
     def _unsampled(self) -> list[str]:
         """What a sample leaves unchecked."""
-        if self.sample is None:
-            return []
-        left = len(self.sample.sizes) - len(self.sample.names)
-        return [
-            f"the bits of the {left:,} tensors not drawn",
-            "their counts in ram_stats.json, but through the per-agent totals, rho and lambda they must sum to (an "
-            "edit that keeps the sums is caught only where the sample draws it)",
-        ]
+        return [] if self.sample is None else self.sample.unchecked()
 
     def text(self) -> str:
         """What `mergekit-ram verify` prints."""
