@@ -28,7 +28,7 @@ hub id (found by reading their code and by logging requests; see `requests`):
   (or `bytes=A-`) answers 206 with `Content-Range: bytes A-B/SIZE` and those bytes, as the hub does; a range past
   the end, 416. `ranges` chooses a server that does otherwise: "ignore" (200, the whole file), "short" (one byte
   fewer than the Content-Range says), "shifted" (the bytes one further on than the Content-Range says), "stall"
-  (ranges starting in a file's second half wait until the server closes, sending nothing). `sent`
+  (a range reaching into a file's second half waits until the server closes, sending nothing). `sent`
   records (path, the Range asked or None, the bytes of the body) of every file's GET (the Hub's path, also for
   the bytes the other origin sends).
 
@@ -263,7 +263,7 @@ class HubStub:
             if start >= size:
                 headers["Content-Range"] = f"bytes */{size}"
                 return self._send(handler, 416, b"", headers, body)
-            if self.ranges == "stall" and start >= size // 2:
+            if self.ranges == "stall" and stop > size // 2:
                 self._closing.wait()
                 return
             shift = 1 if self.ranges == "shifted" else 0

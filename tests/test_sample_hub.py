@@ -69,10 +69,10 @@ def test_the_stand_ins_ranges_through_huggingface_hubs_client(qwen_bf16, tmp_pat
             ranged.Reader(endpoint=stub.url).read("org/base", sha, "model.safetensors", 100, 200)
 
 
-def _verify(url: str, home, cwd, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+def _verify(url: str, home, cwd, *args: str, quiet: bool = True, env: dict | None = None):
     done = subprocess.run(
-        [_exe("mergekit-ram"), "verify", *args, "-q"], capture_output=True, text=True, timeout=600,
-        env=hub_env(url, home), cwd=str(cwd),
+        [_exe("mergekit-ram"), "verify", *args, *(["-q"] if quiet else [])], capture_output=True, text=True,
+        timeout=600, env={**hub_env(url, home), **(env or {})}, cwd=str(cwd),
     )  # fmt: skip
     try:
         return done, json.loads(done.stdout)
@@ -103,7 +103,8 @@ def test_a_sample_from_the_hub_reads_ranges_only(hub, published, tmp_path):  # n
                           "--sample-seed", "4", "--json")  # fmt: skip
     before = len(published.stub.sent)
     assert done.returncode == 0 and found is not None, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "no difference in a slice of every tensor" in found["headline"] and found["hub"]["repository"] == "org/merged"
+    assert "no difference in a slice of every tensor" in found["headline"]
+    assert found["hub"]["repository"] == "org/merged"
     weights = [row for row in published.stub.sent[:before] if row[0].endswith(".safetensors")]
     assert weights and all(asked is not None for _, asked, _ in weights), weights  # ranges only
     whole = sum((hub.stub_folders[w] / "model.safetensors").stat().st_size for w in ("base", "A", "B", "C"))
@@ -123,14 +124,59 @@ def test_a_drawn_tampered_tensor_on_the_hub_is_named(hub, published, tmp_path): 
 
 
 @pytest.mark.parametrize("ranges", ["ignore", "short", "shifted"])
-def test_a_server_that_does_not_honour_ranges(hub, tmp_path, ranges):
-    with HubStub(_served(hub, {}), lifetime=900, ranges=ranges) as stub:
-        done, found = _verify(stub.url, tmp_path / "hf", hub.root / "cwd", "org/merged", "--sample", "0.3",
-                              "--sample-seed", "4")  # fmt: skip
+def test_a_server_that_does_not_honour_ranges(hub, tmp_path, ranges):  # noqa: F811
+    with HubStub(_served(hub, {}), lifetime=900, ranges=ranges, redirect=True) as stub:
+        done, _ = _verify(stub.url, tmp_path / "hf", hub.root / "cwd", "org/merged", "--sample", "0.3",
+                          "--sample-seed", "4")  # fmt: skip
     said = done.stdout + done.stderr
-    if ranges == "ignore":  # still correct, and says what it cost
+    if ranges == "ignore":  # still correct, each file read once, and said once per file
         assert done.returncode == 0, said[-3000:]
-        assert "read more than needed: " in done.stdout and "the server ignored a range" in done.stdout
+        notes = [line for line in done.stdout.splitlines() if "the server ignored a range" in line]
+        files = [path for path, _, _ in stub.sent if path.endswith(".safetensors")]
+        assert len(files) == 5, files  # base, agent-a at two commits, agent-b, the merge: each file read once
+        assert len(notes) == 5 and len({line.split(": the server")[0] for line in notes}) == 5, notes
     else:
         assert done.returncode in (1, 3), said[-3000:]
         assert ".safetensors" in said and ("org/" in said), said[-3000:]
+
+
+def test_a_server_that_stalls_on_some_ranges_is_exit_3_naming_the_file(hub, tmp_path):  # noqa: F811
+    """Ranges reaching into a file's second half never answered: each read waits at most HF_HUB_DOWNLOAD_TIMEOUT (and
+    huggingface_hub's connection bound), then verify stops naming the file."""
+    import time
+
+    with HubStub(_served(hub, {}), lifetime=900, ranges="stall", redirect=True) as stub:
+        start = time.monotonic()
+        done, _ = _verify(stub.url, tmp_path / "hf", hub.root / "cwd", "org/merged", "--sample", "0.3",
+                          "--sample-seed", "4", env={"HF_HUB_DOWNLOAD_TIMEOUT": "2"})  # fmt: skip
+        took = time.monotonic() - start
+    said = done.stdout + done.stderr
+    assert done.returncode == 3, said[-3000:]
+    assert "model.safetensors: cannot be read from the Hub (ReadTimeout" in said and "org/" in said, said[-3000:]
+    assert took < 120, took
+
+
+def test_merge_full_and_sampled_verify_through_redirects(qwen_bf16, tmp_path):
+    """As the Hub serves weight files: a 302 to another origin. A merge of hub ids, a full verify and a sampled one
+    all work through it; -q keeps huggingface_hub's progress bars off, without it they are shown."""
+    from test_hub import config_of, merge
+
+    served = {repo: [qwen_bf16.paths[who] for who in members] for repo, members in REPOS.items()}
+    with HubStub(served, lifetime=900, redirect=True) as stub:
+        done = merge(config_of("org/base", ["org/agent-a", "org/agent-b"]), tmp_path, "out",
+                     hub_env(stub.url, tmp_path / "hf-merge"))  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert any(status == 302 for *_, status in stub.requests)
+    with HubStub({**served, "org/merged": [tmp_path / "out"]}, lifetime=900, redirect=True) as stub:
+        done, found = _verify(stub.url, tmp_path / "hf-full", tmp_path / "cwd", "org/merged", "--json")
+        assert done.returncode == 0 and "bit-identical" in found["headline"], done.stdout[-3000:] + done.stderr[-3000:]
+        before = len(stub.sent)
+        done, found = _verify(stub.url, tmp_path / "hf-sample", tmp_path / "cwd", "org/merged", "--sample", "0.3",
+                              "--sample-seed", "2")  # fmt: skip
+        assert done.returncode == 0 and "no difference in a slice of every tensor" in done.stdout, done.stderr[-3000:]
+        assert "Fetching" not in done.stderr and "it/s" not in done.stderr  # -q: no bar of huggingface_hub's
+        weights = [row for row in stub.sent[before:] if row[0].endswith(".safetensors")]
+        assert weights and all(asked is not None for _, asked, _ in weights), weights  # ranges only
+        done, _ = _verify(stub.url, tmp_path / "hf-loud", tmp_path / "cwd", "org/merged", "--sample", "0.3",
+                          "--sample-seed", "2", quiet=False)  # fmt: skip
+        assert done.returncode == 0 and "Fetching" in done.stderr, done.stderr[-3000:]
