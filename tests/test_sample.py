@@ -247,6 +247,28 @@ def test_counts_are_checked_through_their_sums_and_against_each_slice(folder, ca
                                        for line in said), verdict["problems"]  # fmt: skip
 
 
+def test_an_agents_totals_far_from_its_slices_are_named(folder, capsys):
+    """Per-tensor counts edited (and so the totals and lambda): the slices' estimate of each agent's totals is
+    further from them than the stated room, which an honest record exceeds with a chance below 1e-6."""
+    code, verdict, _ = run(folder, capsys, "--sample", "0.2", "--sample-seed", "2")
+    said = verdict["sample"]["counts"]
+    assert code == 0 and said.startswith("each agent's active and unique totals within "), said
+    assert "a record moving an agent's lambda by more than " in said and "99.9999 %" in said
+    room = float(said.split("within ")[1].split(" of")[0].replace(",", ""))
+
+    def inflated(rows, _stats):
+        for row in rows.values():
+            row["counts"]["A"][0] = min(row["numel"], row["counts"]["A"][0] + row["numel"] // 2)
+
+    _edit_counts(folder, inflated)
+    code, verdict, _ = run(folder, capsys, "--sample", "0.2", "--sample-seed", "2")
+    lines = [line for line in verdict["files"] if line.startswith("ram_stats.json: A's active entries total")]
+    assert code == 1 and len(lines) == 1 and "its slices estimate" in lines[0], verdict["problems"]
+    recorded, estimated = (float(x.split()[0].replace(",", "").rstrip(";")) for x in
+                           (lines[0].split("total ")[1], lines[0].split("estimate ")[1]))  # fmt: skip
+    assert abs(recorded - estimated) > room
+
+
 @pytest.mark.parametrize("damage", ["shape", "dtype"])
 def test_a_published_tensor_unlike_the_plan_is_named(folder, capsys, damage):
     import torch

@@ -161,3 +161,69 @@ def _published_mismatch(
         status = "dtype" if said != wanted else "shape"
         return bitwise.Difference(name, status, published=f"{said} {shape}", recomputed=f"{wanted} {planned}")
     return None
+
+
+#: the chance that an honest record fails the totals check, per agent and count (active, unique)
+ALPHA = 1e-6
+
+
+def totals(
+    stats: statistics.Statistics,
+    counted: dict[str, statistics.TensorCounts],
+    drawn: sample.Sample,
+    task: Any,
+    labels: dict[str, str],
+) -> tuple[list[str], str]:
+    """Each agent's active and unique totals in `ram_stats.json` against their estimate from the slices (a tensor
+    checked whole counts as recorded: `sampling.recount` counts it again), and what the check says (a sentence).
+
+    Sliced tensor t, its B runs of at most `run` elements, k drawn: `count * B / k` estimates its count without
+    bias, a sum of k draws without replacement, each in [0, B * run / k]. By Hoeffding (whose bound holds for draws
+    without replacement, and for the sum over independently sliced tensors), the estimate of a total is further
+    than s from the truth with a chance of at most 2 exp(-2 s^2 / V), V = sum over sliced tensors of
+    (B * run)^2 / k: s is set so that chance is `ALPHA`. A record within s of the estimate is off by at most 2 s
+    with a chance of at least 1 - ALPHA, which bounds how far lambda (`rho_scope: model`) can be moved unseen."""
+    import math
+
+    cuts = {s.name: s for s in drawn.slices}
+    spread, recorded, estimated = 0.0, {a: [0, 0] for a in stats.agents}, {a: [0.0, 0.0] for a in stats.agents}
+    for row in stats.tensors:
+        cut, found = cuts.get(row.name), counted.get(row.name)
+        scale = 1.0
+        if cut is not None and found is not None and len(cut.runs) < cut.count:
+            spread += (cut.count * cut.run) ** 2 / len(cut.runs)
+            scale = cut.count / len(cut.runs)
+        for agent, values in row.counts.items():
+            seen = found.counts[agent] if found is not None else values
+            for column in (0, 1):
+                recorded[agent][column] += values[column]
+                estimated[agent][column] += seen[column] * scale
+    room = math.sqrt(math.log(2 / ALPHA) / 2 * spread)
+    out, moved = [], 0.0
+    for agent in stats.agents:
+        (active, unique), label = recorded[agent], labels.get(agent, agent)
+        for column, name in enumerate(("active", "unique")):
+            if abs(estimated[agent][column] - recorded[agent][column]) > room:
+                out.append(
+                    f"ram_stats.json: {label}'s {name} entries total {recorded[agent][column]:,}; its slices estimate "
+                    f"{estimated[agent][column]:,.0f}, more than {room:,.0f} apart (an honest record is, with a chance "
+                    f"below {ALPHA:g})"
+                )
+        moved = max(moved, _lambda_moved(active, unique, 2 * room, task.parameters))
+    said = f"each agent's active and unique totals within {room:,.0f} of the slices' estimate"
+    if task.parameters["rho_scope"] == "model" and task.parameters["r"] != 0:
+        said += f"; a record moving an agent's lambda by more than {moved:.2g} is caught with a chance of at least "
+        said += f"{100 * (1 - ALPHA):.4f} %"
+    return out, said
+
+
+def _lambda_moved(active: int, unique: int, room: float, parameters: Any) -> float:
+    """The most lambda moves when an agent's active and unique totals each move by up to `room`."""
+    r, alpha, rule = parameters["r"], parameters["alpha"], parameters["lambda_rule"]
+
+    def lam(a: float, u: float) -> float:
+        u = max(u, 0.0)
+        return statistics.lambda_for((max(a, u) - u) / u if u else float("inf"), r, alpha, rule)
+
+    now = lam(active, unique)
+    return max(abs(lam(active + room, unique - room) - now), abs(lam(active - room, unique + room) - now))

@@ -228,4 +228,8 @@ def _sampled(
         outcome.files += sampling.numel_mismatches(plan, stats)
         outcome.files += sampling.within_slices(stats, counted, outcome.sample, names)
         outcome.files += sampling.recount(plan, outcome.sample, recorded, names)
+        ours = [task for name, task, _optional, _dtype in saves if name in counted]
+        if ours and stats.agents:
+            lines, outcome.sample.counts = slicing.totals(stats, counted, outcome.sample, ours[0], names)
+            outcome.files += lines
     return [save for save in saves if save[0] in chosen]
