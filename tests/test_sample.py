@@ -320,6 +320,20 @@ def test_an_index_naming_a_tensor_twice_is_named(llama_sharded, run_yaml, capsys
     assert code in (1, 3) and name in said, said
 
 
+@pytest.mark.parametrize("case", list(tv.CASES))
+def test_a_sample_passes_every_honest_merge(request, run_yaml, capsys, case):
+    """No false alarm: every merge test_verification checks whole (dtypes, out_dtype, r = 0, rho scopes, a given
+    rho, epsilon by filter, tied embeddings, shards) passes a slice of every tensor, at three seeds."""
+    fixture, agents, config, options = tv.CASES[case]
+    made = run_yaml(config_text(request.getfixturevalue(fixture), list(agents), **config), **options)
+    for seed in (1, 2, 3):
+        code, verdict, _ = run(made.out, capsys, "--sample", "0.1", "--sample-seed", str(seed))
+        assert code == 0 and "no difference in a slice of every tensor" in verdict["headline"], verdict["problems"]
+        assert verdict["tensors_compared"] == len(made.tensors)
+    whole = verdict["sample"]["whole"]
+    assert not whole or case == "tied", whole  # a tied lm_head some input does not store: checked whole, said
+
+
 @pytest.mark.quick
 @pytest.mark.parametrize(
     "flags, said",
@@ -361,6 +375,8 @@ def test_a_pickled_input_is_checked_whole_and_said(qwen_bf16, tmp_path, capsys):
     assert code == 0, verdict["problems"]
     whole = verdict["sample"]["whole"]
     assert len(whole) == 27 and set(whole.values()) == {"an input is a pickle, which has no byte ranges"}
+    code, text, _ = tv.verify(out, capsys, "--sample", "0.3", "--sample-seed", "1")
+    assert "  checked whole, not sliced (an input is a pickle, which has no byte ranges): lm_head.weight, " in text
 
 
 def test_a_merge_without_counts_samples(qwen_bf16, merged, tmp_path, capsys):

@@ -193,6 +193,17 @@ class Sample:
             "--sample for a stronger check"
         )
 
+    def said(self) -> list[str]:
+        """The verdict's lines on the sample: the bound, then the tensors checked whole by their merge task, by why."""
+        why: dict[str, list[str]] = {}
+        for name, reason in self.whole.items():
+            why.setdefault(reason, []).append(name)
+        out = [self.odds()]
+        for reason, names in sorted(why.items()):
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            out.append(f"checked whole, not sliced ({reason}): {shown}")
+        return out
+
     def unchecked(self) -> list[str]:
         """What a sample leaves unchecked."""
         left = self.total - self.elements

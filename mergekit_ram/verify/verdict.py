@@ -168,7 +168,7 @@ class Outcome:
         if self.sample is not None and self.merged:
             if self.result != "identical":
                 lines.append(f"  sample: {self.sample.headline().replace('no difference in ', '', 1)}")
-            lines.append(f"  {self.sample.odds()}")
+            lines += [f"  {line}" for line in self.sample.said()]
             lines += [f"  read more than needed: {why}" for why in self.sample.more_than_needed]
         if not self.merged and self.result != "identical":
             lines.append("  (nothing recomputed: the merge was not run again)")
