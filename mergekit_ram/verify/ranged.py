@@ -4,14 +4,18 @@ A `Mirror` holds, in a private temporary folder, a stand-in of each Hub reposito
 merge, and each input recorded as a hub id at its recorded commit): its small files whole (fetched into the Hub
 cache as any verify fetches them), each safetensors weight file as a sparse file of its true size holding only
 the ranges read so far: its header and the sixteen windows an input's identity samples (`cache.sample_offsets`)
-when made, then the drawn tensors' bytes (`fill`, after the draw). verify reads the stand-ins as any folder; a
+when made, then the slices' bytes (`fill`, after the draw). verify reads the stand-ins as any folder; a
 range never read holds zeros, and nothing reads one. A pickled weight file (`.bin`) has no header to range over: it
 is read whole, and the verdict says so.
 
-Reads go through huggingface_hub's own means (`hf_hub_url`, its session and headers, `hf_raise_for_status`), each
-answer checked: a 206 must say it holds exactly the bytes asked (`Content-Range`) and hold that many; a server that
-ignores ranges (200, the whole file) is read up to the bytes asked and no further, and noted (`more_than_needed`);
-anything else is `Unreadable` naming the file (verify's exit 3). `received` counts the bytes that came.
+Reads go through huggingface_hub's own means (`hf_hub_url`, its session and headers, `hf_raise_for_status`); a
+file the Hub redirects (to its CDN, as it does for weight files) is asked at the place it redirected to after the
+first read (again at the Hub's URL if that place refuses: a signed link that expired). Near ranges of a file are
+joined (`GAP`) and `PARALLEL` requests run at once. Each answer is checked: a 206 must say it holds exactly the
+bytes asked (`Content-Range`) and hold that many; a server that ignores ranges (200, the whole file) is read whole,
+once: the stand-in then holds the file, nothing more is asked of it, and it is noted once (`more_than_needed`);
+anything else is `Unreadable` naming the file (verify's exit 3), and so is a read that stalls past huggingface_hub's
+`HF_HUB_DOWNLOAD_TIMEOUT`. `received` counts the bytes that came.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class Reader:
         self.endpoint = endpoint
         self.received = 0
         self.more_than_needed: list[str] = []
+        self.located: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def count(self, size: int) -> None:
@@ -64,9 +69,16 @@ class Reader:
         said = f"{repository}@{commit}/{name}"
         headers = {**build_hf_headers(), "Range": f"bytes={start}-{stop - 1}", "Accept-Encoding": "identity"}
         url = hf_hub_url(repository, name, revision=commit, endpoint=self.endpoint)
+        located = self.located.get(url)  # where the Hub redirected this file before: asked there directly
         try:
-            with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
+            with get_session().stream("GET", located or url, headers=headers, follow_redirects=True) as response:
+                if located is not None and response.status_code in (401, 403, 404, 410):  # a link that expired
+                    self.located.pop(url, None)
+                    return self.read(repository, commit, name, start, stop)
                 hf_raise_for_status(response)
+                if located is None and str(response.url) != url:
+                    with self._lock:
+                        self.located[url] = str(response.url)
                 if response.status_code == 206:
                     size = _partial(said, response.headers.get("Content-Range"), start, stop)
                     data = _take(response, stop - start, self)
