@@ -35,10 +35,12 @@ JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/ver
 - `checked[]`, `not_checked[]`: what was checked, and what was not (files no check covers, and why);
 - `problems[]`: every finding as one line of text (what the text output prints);
 - `notes[]`: what does not decide the result (versions differing from the recorded ones, ...);
-- `sample` (only with `verify --sample P`, P < 1): `seed`, `share` (P), `tensors_checked`, `tensors_total`,
-  `elements_checked`, `elements_total`, `bytes_read` (bytes of weight files read, from disk or the network, each
-  byte once), `least_draws` and `pass_bound` (share of differing weights -> the most such a merge passes with:
-  `verify/sample.py`), `more_than_needed` (why more was read: a server that ignored a range), `tensors` (names).
+- `sample` (only with `verify --sample P`, P < 1): `seed`, `share` (P), `tensors_checked`, `tensors_total` (every
+  tensor: a slice of each), `elements_checked`, `elements_total`, `bytes_read` (bytes of weight files read, from disk
+  or the network, each byte once), `least_draws` (the fewest runs drawn from a sliced tensor) and `pass_bound` (share
+  of differing weights -> the most such a merge passes with: `verify/sample.py`), `more_than_needed` (why more was
+  read: a server that ignored ranges), `tensors` (names), `runs_per_tensor`, `whole` (tensor -> why it was checked
+  whole), `counts` (the counts check, a sentence, or null) and `slices` (tensor -> `share`, `run`, `runs`).
   With a sample, `result` "identical" means no difference in the sample, and the headline says so.
 
 Every exit but a usage error's prints this JSON; a NaN or infinity anywhere in it (a record's value) is a string.
