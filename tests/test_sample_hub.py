@@ -1,14 +1,18 @@
 """`mergekit-ram verify ORG/NAME --sample P` against the suite's stand-in Hub (tests/hub_stub.py), which serves
-ranges as the Hub does (HTTP 206), or, on request, ignores them or answers other bytes than asked.
+ranges as the Hub does (HTTP 206), with or without redirecting weight files to another origin as the Hub does, or,
+on request, ignores ranges, answers other bytes than asked, or stalls.
 
-* the stand-in's ranges through huggingface_hub's own client (its session and URLs), and `verify/ranged.py`'s
-  reader on top: the bytes asked, the file's size, what came; a server that ignores ranges is read only as far as
-  needed and noted; one that sends fewer bytes than it says is `Unreadable`, naming the file;
-* a published merge of hub ids sampled from the Hub: exit 0 with the sample's headline, every weight file read by
-  ranges only (no GET of a whole weight file, none in the Hub cache), fewer bytes than the files hold; a drawn
-  tampered tensor is exit 1, named;
-* a server that ignores ranges: still exit 0, the verdict says more was read than needed; one that answers other
-  bytes (short, or shifted): exit 3 or 1, naming the file, never 0.
+* the stand-in through huggingface_hub's own client (`get_hf_file_metadata`, `hf_hub_download`, its session): the
+  302's commit, etag, size and place on another origin, the bytes there without a commit header, ranges; and
+  `verify/ranged.py`'s reader on top: the bytes asked, the file's size, what came; a server that ignores ranges
+  gives the whole file, noted; one that sends fewer bytes than it says is `Unreadable`, naming the file;
+* a merge of hub ids, a full verify and a sampled one, all through the redirects; `-q` keeps huggingface_hub's
+  progress bars off, without it they are shown;
+* a published merge sampled from the Hub: exit 0 with the slices' headline, every weight file read by ranges only
+  (none in the Hub cache), fewer bytes than the files hold; a tampered element in a slice is exit 1, named;
+* a server that ignores ranges: still exit 0, each file read once and said once; one that answers other bytes
+  (short, or shifted): exit 3 or 1, naming the file, never 0; one that stalls on some ranges: exit 3 naming the
+  file, within the bound `HF_HUB_DOWNLOAD_TIMEOUT` sets.
 """
 
 from __future__ import annotations
