@@ -39,7 +39,7 @@ _RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 #: bytes asked for at most in one request (near ranges are joined up to this)
 JOIN = 1 << 26
 #: ranges of a file at most this many bytes apart are asked for in one request
-GAP = 1 << 14
+GAP = 1 << 12
 #: requests in flight at once
 PARALLEL = 8
 
