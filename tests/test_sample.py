@@ -74,6 +74,10 @@ def test_the_draw_is_repeatable_and_holds_the_share_of_every_tensor():
     assert [(s.name, s.runs, s.elements, s.whole) for s in small.slices] == [
         ("big", (0,), 10_000, "a reason"), ("tiny", (0,), 100, None)]  # fmt: skip
     assert small.pass_bound(0.01) == 0
+    # a larger sample draws more runs, so it is a stronger check (the verdict's advice), not only a longer one
+    assert sample.runs_for(0.01) == sample.runs_for(0.02) == sample.RUNS < sample.runs_for(0.05) < sample.runs_for(0.1)
+    bounds = [sample.draw(sizes, share, 1).pass_bound(0.1) for share in (0.02, 0.05, 0.1)]
+    assert bounds[0] > bounds[1] > bounds[2] and bounds[2] < 0.001, bounds
 
 
 def _upper(n: int, p: float) -> int:

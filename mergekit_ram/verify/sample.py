@@ -1,10 +1,10 @@
 """`mergekit-ram verify --sample P`: which elements of each output tensor a sample checks, and what passing it says.
 Plain data.
 
-The draw (`draw`): every output tensor is cut into equal runs of contiguous elements (the last one shorter), few
-enough that the tensor holds at least `RUNS` of them, and `RUNS` runs (fewer where fewer hold P) are drawn without
-replacement, by the seed and the tensor's name (`random.Random(f"{seed}/{name}")`: the same seed draws the same
-runs everywhere), until they hold at least P of the tensor's elements and at least one row. A tensor too small to
+The draw (`draw`): every output tensor is cut into equal runs of contiguous elements (the last one shorter), and
+`runs_for(P)` of them (16 up to P = 2 %, as many per 2 % above) are drawn without replacement, by the seed and
+the tensor's name (`random.Random(f"{seed}/{name}")`: the same seed draws the same runs everywhere), the runs long
+enough to hold at least P of the tensor's elements and at least one row. A tensor too small to
 cut (at most `SMALL` elements, or one that P would take half of) is checked whole. Each RAM+ output entry depends
 only on the same entry of the inputs and on lambda, so a run is recomputed from the same run of each input.
 
@@ -28,8 +28,17 @@ from dataclasses import dataclass, field
 
 #: the shares of differing elements the verdict states the bound for
 SHARES = (0.01, 0.1, 0.5)
-#: runs drawn per tensor (its ranges per file): the bound's strength against the number of reads (docs/verify.md)
+#: runs drawn per tensor (its ranges per file) up to --sample 0.02, and as many per 2 % above: the bound's strength
+#: against the number of reads (docs/verify.md)
 RUNS = 16
+
+
+def runs_for(share: float) -> int:
+    """The runs drawn from a tensor at `--sample share`: `RUNS`, more in proportion above 2 % (a larger sample is a
+    stronger check, not only longer runs)."""
+    return max(RUNS, math.ceil(RUNS * share / 0.02 - 1e-9))
+
+
 #: a tensor of at most this many elements is checked whole
 SMALL = 256
 
@@ -122,13 +131,13 @@ def cut(name: str, numel: int, row: int, share: float, seed: int, whole: str | N
     wanted = min(numel, max(math.ceil(share * numel - 1e-12), row, 1))
     if whole is not None or numel <= SMALL or 2 * wanted >= numel:
         return Slice(name, numel, max(1, numel), (0,) if numel else (), whole)
-    run = -(-wanted // RUNS)
+    k = runs_for(share)
+    run = -(-wanted // k)
     count = -(-numel // run)
-    order = random.Random(f"{seed}/{name}").sample(range(count), min(count, RUNS + 1))
-    taken = sorted(order[:RUNS])
-    drawn = Slice(name, numel, run, tuple(taken))
+    order = random.Random(f"{seed}/{name}").sample(range(count), min(count, k + 1))
+    drawn = Slice(name, numel, run, tuple(sorted(order[:k])))
     if drawn.elements < wanted:  # the short last run was drawn: one more
-        drawn = Slice(name, numel, run, tuple(sorted(order[: RUNS + 1])))
+        drawn = Slice(name, numel, run, tuple(sorted(order[: k + 1])))
     return drawn
 
 
@@ -227,7 +236,7 @@ class Sample:
             "pass_bound": {str(q): self.pass_bound(q) for q in SHARES},
             "more_than_needed": list(self.more_than_needed),
             "tensors": sorted(self.names),
-            "runs_per_tensor": RUNS,
+            "runs_per_tensor": runs_for(self.share),
             "whole": self.whole,
             "counts": self.counts,
             "slices": {
@@ -249,4 +258,4 @@ def draw(
 def _percent(value: float) -> str:
     if value == 0:
         return "0 %"
-    return f"{100 * value:.2g} %" if value < 0.01 else f"{100 * value:.0f} %"
+    return f"{100 * value:.2g} %" if value < 0.1 else f"{100 * value:.0f} %"
