@@ -1,15 +1,17 @@
 """What `mergekit-ram verify --sample P` reads and costs beside a full verify, from a stand-in Hub and a folder.
 
-    python benchmarks/verify_sample.py --workload W1 --share 0.02 [--seeds 1,2,3] [--root DIR] [--scratch DIR] [--out F]
+    python benchmarks/verify_sample.py --workload W1 --share 0.01,0.02 [--seeds 1,2,3 | --seeds 1-10] [--folder]
+        [--root DIR] [--scratch DIR] [--out F]
 
 On one workload (workloads.py), every input is published on the suite's stand-in Hub (tests/hub_stub.py, on
-127.0.0.1, serving ranges as the Hub does) and merged by `mergekit-yaml` as hub ids (`org/base`, `org/agent-N`);
+127.0.0.1, serving ranges as the Hub does, each weight file by a redirect to another origin as the Hub does) and
+merged by `mergekit-yaml` as hub ids (`org/base`, `org/agent-N`);
 the merge is published there as `org/merged`. Then, each a whole process timed by measure.py's launcher, each with
 a fresh Hub cache and the statistics cache off:
 
 - `verify org/merged` (full: it downloads the merge and its inputs whole, and recomputes every tensor);
-- per seed S, `verify org/merged --sample P --sample-seed S` (ranges only), and `verify FOLDER --sample P` of the
-  merged folder on disk, its inputs the Hub's (what it reads: `bytes_read`).
+- per share P and seed S, `verify org/merged --sample P --sample-seed S` (ranges only), and with `--folder`
+  `verify FOLDER --sample P` of the merged folder on disk, its inputs the Hub's (what it reads: `bytes_read`).
 
 Bytes are what the stand-in sent (bodies of GETs, every file) and, for weight files, what `--json`'s `bytes_read`
 says. Prints one line per run and writes them as JSON (`--out`). The machine's load is printed beside each run:
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,8 +43,9 @@ MERGEKIT_RAM = str(measure.BIN / "mergekit-ram")
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="W1")
-    parser.add_argument("--share", default="0.02")
-    parser.add_argument("--seeds", default="1,2,3", help="the sample's seeds, one run each (comma-separated)")
+    parser.add_argument("--share", default="0.02", help="the shares P, comma-separated")
+    parser.add_argument("--seeds", default="1,2,3", help="the sample's seeds, one run each (1,2,3 or 1-10)")
+    parser.add_argument("--folder", action="store_true", help="also verify the merged folder on disk by a sample")
     parser.add_argument("--root", help="workload folder (workloads.py)")
     parser.add_argument("--scratch", help="where the merge and the Hub caches go (default: a temporary folder)")
     parser.add_argument("--out", help="write the runs here as JSON")
@@ -57,20 +61,24 @@ def main(argv=None) -> None:
     cwd = scratch / "cwd"  # nothing there is named like a hub id
     cwd.mkdir()
     rows = []
-    with HubStub({repo: [folder] for repo, folder in inputs.items()}, lifetime=24 * 3600) as stub:
+    seeds = _seeds(args.seeds)
+    with HubStub({repo: [folder] for repo, folder in inputs.items()}, lifetime=24 * 3600, redirect=True) as stub:
         merge = [measure.MERGEKIT_YAML, str(scratch / "ramplus.yaml"), str(out), "--no-copy-tokenizer", "--quiet"]
         rows.append(_run("merge (hub ids)", merge, stub, scratch / "hf-merge", cwd))
     served = {**{repo: [folder] for repo, folder in inputs.items()}, "org/merged": [out]}
-    with HubStub(served, lifetime=24 * 3600) as stub:
+    with HubStub(served, lifetime=24 * 3600, redirect=True) as stub:
         quiet = ["--json", "-q"]
         rows.append(_run("verify org/merged", [MERGEKIT_RAM, "verify", "org/merged", *quiet], stub,
                          scratch / "hf-full", cwd))  # fmt: skip
-        for seed in args.seeds.split(","):
-            sample = ["--sample", args.share, "--sample-seed", seed]
-            rows.append(_run(f"verify org/merged --sample {args.share} ({seed})", [MERGEKIT_RAM, "verify",
-                             "org/merged", *sample, *quiet], stub, scratch / f"hf-sample-{seed}", cwd))  # fmt: skip
-            rows.append(_run(f"verify FOLDER --sample {args.share} ({seed})", [MERGEKIT_RAM, "verify", str(out),
-                             *sample, *quiet], stub, scratch / f"hf-folder-{seed}", cwd))  # fmt: skip
+        for share in args.share.split(","):
+            for seed in seeds:
+                sample = ["--sample", share, "--sample-seed", seed]
+                rows.append(_run(f"verify org/merged --sample {share} ({seed})", [MERGEKIT_RAM, "verify",
+                                 "org/merged", *sample, *quiet], stub, scratch / f"hf-s{share}-{seed}", cwd))  # fmt: skip
+                if args.folder:
+                    rows.append(_run(f"verify FOLDER --sample {share} ({seed})", [MERGEKIT_RAM, "verify", str(out),
+                                     *sample, *quiet], stub, scratch / f"hf-f{share}-{seed}", cwd))  # fmt: skip
+                shutil.rmtree(scratch / f"hf-s{share}-{seed}", ignore_errors=True)
     weights = sum(p.stat().st_size for folder in [*inputs.values(), out] for p in Path(folder).glob("*.safetensors"))
     full = rows[1]
     print(f"{args.workload}: {marker['num_parameters'] / 1e6:.1f}M params per model, {len(wl.agents)} agents, "
@@ -86,6 +94,14 @@ def main(argv=None) -> None:
     if args.out:
         Path(args.out).write_text(json.dumps({"workload": args.workload, "share": args.share, "seeds": args.seeds,
                                               "weights_bytes": weights, "runs": rows}, indent=2) + "\n")
+
+
+def _seeds(text: str) -> list[str]:
+    """`1,2,3` or `1-10` as the list of seeds."""
+    if "-" in text:
+        first, last = (int(part) for part in text.split("-"))
+        return [str(seed) for seed in range(first, last + 1)]
+    return text.split(",")
 
 
 def _run(what: str, cmd: list[str], stub: HubStub, home: Path, cwd: Path) -> dict:

@@ -215,11 +215,9 @@ def _verify_command() -> click.Command:
     @click.option("--trust-remote-code", "trust", is_flag=True,
                   help="let the inputs' own code run where the merge's record says it ran")  # fmt: skip
     @click.option("--sample", "share", metavar="P",
-                  help="check a sample: output tensors drawn by size until they hold at least P (in (0, 1]) of the "
-                  "weights, and only what they are computed from read; exit 0 then means no difference in the "
-                  "sample (docs/verify.md)")  # fmt: skip
-    @click.option("--sample-seed", "seed", metavar="N",
-                  help="the seed of --sample's draw (default: drawn from the operating system; printed)")  # fmt: skip
+                  help="check a slice of every output tensor holding at least P (in (0, 1]) of it, reading only "
+                  "its bytes; exit 0 then means no difference in the sample (docs/verify.md)")  # fmt: skip
+    @click.option("--sample-seed", "seed", metavar="N", help="--sample's seed (default: the system's; printed)")
     @options.declare(left_out=RECORDED_OPTIONS, hidden=("lora_merge_cache",), helps=options.READING_HELP)
     def verify(
         target: str,
@@ -268,6 +266,7 @@ def _verify(
         raise _UsageError(f"--input-dir {input_dir}: no such folder{paths.where(str(input_dir))}")
     on_hub = hub.parse(str(target))
     published = None
+    restore = hub.quiet_bars(as_json or bool(merge.get("quiet")))  # -q, --json: huggingface_hub's bars too
     try:
         if on_hub is not None:  # before torch and mergekit load: a repository the Hub lacks is one line at once
             cache = merge.get("transformers_cache")
@@ -305,6 +304,8 @@ def _verify(
             print(verdict.dumps(outcome), end="")
         print(f"{PROG} verify: cannot check: {message}", file=sys.stderr)
         raise _NotIdentical(CANNOT_CHECK) from error
+    finally:
+        restore()
     if as_json:
         from mergekit_ram.verify import verdict
 

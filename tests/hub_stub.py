@@ -21,11 +21,16 @@ hub id (found by reading their code and by logging requests; see `requests`):
   from `snapshot_download` and transformers): 200 with `X-Repo-Commit` (the commit),
   `ETag` (quoted: the git blob sha1, or the sha256 for a `.safetensors` file, which the hub
   stores in LFS; `X-Linked-Etag` and `X-Linked-Size` the same for those), `Content-Length`,
-  and the file's bytes for GET. No redirects, no Xet headers (so no Xet transfer). A GET with `Range: bytes=A-B`
+  and the file's bytes for GET. No Xet headers (so no Xet transfer). With `redirect` (as the Hub does for files
+  stored in LFS), a `.safetensors`/`.bin` file answers 302 instead, carrying `X-Repo-Commit`, `X-Linked-Etag`,
+  `X-Linked-Size` and `ETag`, to `Location` on another origin (a second server, `cdn_url`) that serves the bytes
+  and ranges without any commit header. A GET with `Range: bytes=A-B`
   (or `bytes=A-`) answers 206 with `Content-Range: bytes A-B/SIZE` and those bytes, as the hub does; a range past
   the end, 416. `ranges` chooses a server that does otherwise: "ignore" (200, the whole file), "short" (one byte
-  fewer than the Content-Range says), "shifted" (the bytes one further on than the Content-Range says). `sent`
-  records (path, the Range asked or None, the bytes of the body) of every file's GET.
+  fewer than the Content-Range says), "shifted" (the bytes one further on than the Content-Range says), "stall"
+  (a range reaching into a file's second half waits until the server closes, sending nothing). `sent`
+  records (path, the Range asked or None, the bytes of the body) of every file's GET (the Hub's path, also for
+  the bytes the other origin sends).
 
 A revision is `main` or a full commit hash of that repository. Anything else answers 404
 with the `X-Error-Code` the hub sends (`RepoNotFound`, `RevisionNotFound`,
@@ -85,9 +90,17 @@ class HubStub:
     `url` is the HF_ENDPOINT to give; `shas["org/name"]` the commit hashes, oldest first;
     `requests` the (method, path with query, status answered) of every request, in order."""
 
-    def __init__(self, repos: Mapping[str, Sequence[Path]], *, lifetime: float = 120.0, ranges: str = "honour"):
-        assert ranges in ("honour", "ignore", "short", "shifted"), ranges
-        self.ranges = ranges
+    def __init__(
+        self,
+        repos: Mapping[str, Sequence[Path]],
+        *,
+        lifetime: float = 120.0,
+        ranges: str = "honour",
+        redirect: bool = False,
+    ):
+        assert ranges in ("honour", "ignore", "short", "shifted", "stall"), ranges
+        self.ranges, self.redirect = ranges, redirect
+        self._closing = threading.Event()
         self.sent: list[tuple[str, str | None, int]] = []
         self.repos: dict[str, Repo] = {}
         self.shas: dict[str, list[str]] = {}
@@ -113,9 +126,24 @@ class HubStub:
             def log_message(self, format, *args):  # quiet: `requests` records what came
                 pass
 
+        class Origin(BaseHTTPRequestHandler):  # the other origin a redirect points to (the Hub's CDN)
+            def do_GET(self):
+                stub._origin(self, body=True)
+
+            def do_HEAD(self):
+                stub._origin(self, body=False)
+
+            def log_message(self, format, *args):
+                pass
+
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._cdn = ThreadingHTTPServer(("127.0.0.1", 0), Origin)
+        self._cdn.daemon_threads = True
+        self.cdn_url = f"http://localhost:{self._cdn.server_address[1]}"  # another origin: another host and port
+        self._cdn_thread = threading.Thread(target=self._cdn.serve_forever, name="hub-stub-cdn", daemon=True)
+        self._cdn_thread.start()
         self._thread = threading.Thread(target=self._server.serve_forever, name="hub-stub", daemon=True)
         self._timer = threading.Timer(lifetime, self._stop)
         self._timer.daemon = True
@@ -126,8 +154,10 @@ class HubStub:
     # ------------------------------------------------------------ lifetime
 
     def _stop(self) -> None:
-        self._server.shutdown()  # returns once serve_forever has stopped (at once if it already has)
-        self._server.server_close()  # later connections are refused, not left waiting
+        self._closing.set()  # a stalled answer ends
+        for server in (self._server, self._cdn):
+            server.shutdown()  # returns once serve_forever has stopped (at once if it already has)
+            server.server_close()  # later connections are refused, not left waiting
 
     def close(self) -> None:
         if self._closed:
@@ -207,6 +237,24 @@ class HubStub:
         else:
             etag = blob.git_sha1
         headers["ETag"] = f'"{etag}"'
+        if self.redirect and filename.endswith(LFS_SUFFIXES):  # as the Hub: the bytes are on another origin
+            headers["Location"] = f"{self.cdn_url}/blobs/{repo_id}/{sha}/{filename}?sig=stub"
+            return self._send(handler, 302, b"", headers, body)
+        self._bytes(handler, repo_id, filename, blob, headers, body)
+
+    def _origin(self, handler: BaseHTTPRequestHandler, *, body: bool) -> None:
+        """The other origin: `/blobs/{org}/{name}/{commit}/{filename}`, bytes and ranges, no commit header."""
+        parts = [unquote(p) for p in urlsplit(handler.path).path.split("/")[1:]]
+        if len(parts) >= 5 and parts[0] == "blobs":
+            repo_id, sha, filename = f"{parts[1]}/{parts[2]}", parts[3], "/".join(parts[4:])
+            repo = self.repos.get(repo_id)
+            blob = repo.commits.get(sha, {}).get(filename) if repo is not None else None
+            if blob is not None:
+                return self._bytes(handler, repo_id, filename, blob, {"ETag": f'"{blob.sha256}"'}, body)
+        self._send(handler, 404, b"", {}, body)
+
+    def _bytes(self, handler, repo_id: str, filename: str, blob: Blob, headers: dict, body: bool) -> None:
+        """A file's bytes, or the range asked (as `ranges` says)."""
         status, data, asked = 200, blob.data, handler.headers.get("Range") if body else None
         found = re.fullmatch(r"bytes=(\d+)-(\d*)", (asked or "").strip())
         if found is not None and self.ranges != "ignore":
@@ -215,6 +263,9 @@ class HubStub:
             if start >= size:
                 headers["Content-Range"] = f"bytes */{size}"
                 return self._send(handler, 416, b"", headers, body)
+            if self.ranges == "stall" and stop > size // 2:
+                self._closing.wait()
+                return
             shift = 1 if self.ranges == "shifted" else 0
             status, data = 206, blob.data[start + shift : stop + shift]
             data = data[:-1] if self.ranges == "short" else data

@@ -80,6 +80,7 @@ VERIFY_IMPORTERS = {
     "mergekit_ram._mergekit.rerun",
     "mergekit_ram._mergekit.published",
     "mergekit_ram._mergekit.sampling",
+    "mergekit_ram._mergekit.slicing",
 }
 
 

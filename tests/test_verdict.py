@@ -147,7 +147,7 @@ def test_a_sampled_pass_is_never_result_identical():
     full = Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="computed")
     full.add(compare("a", torch.tensor([1.0]), torch.tensor([1.0])))
     sampled = Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="recorded")
-    sampled.sample = draw({"a": 4, "b": 4}, 0.5, 1)
+    sampled.sample = draw({"a": (4, 1), "b": (4, 1)}, 0.5, 1)
     sampled.add(compare("a", torch.tensor([1.0]), torch.tensor([1.0])))
     assert (full.as_json()["result"], full.exit_code) == ("identical", 0)
     assert (sampled.as_json()["result"], sampled.exit_code) == ("no difference in sample", 0)

@@ -67,8 +67,9 @@ def check(
     covered = set(RECORDS)
     choices = loader_files.loader_choices(folder)
     outcome.checked.append("the planned parameters and rho against ram_stats.json")
+    what = "tensors" if outcome.sample is None else "tensors' slices (the rest whole, where named)"
     outcome.checked.append(
-        f"{outcome.compared:,} tensors bit for bit (in what mergekit reads: {choices.get('mergekit')})"
+        f"{outcome.compared:,} {what} bit for bit (in what mergekit reads: {choices.get('mergekit')})"
     )
     for choice in choices.values():
         covered |= {choice, *loader_files.weight_files(folder, choice)}
@@ -143,7 +144,7 @@ def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: verdict.
     if not found and outcome.sample is not None:  # `verify --sample`: the totals from the recorded per-tensor counts
         outcome.checked.append(
             "ram_stats.json's statistics against its per-tensor counts (the per-agent totals, densities, rho, lambda "
-            "and pairs they sum to); the drawn tensors' counts counted again"
+            "and pairs they sum to); each tensor's counts against its slice's"
         )
     elif not found:
         outcome.checked.append(

@@ -13,30 +13,35 @@ element count is its base input's (the header of what the plan reads), else the 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Container
 from typing import Any
 
 from mergekit_ram import files
-from mergekit_ram._mergekit import counting, tasks
+from mergekit_ram._mergekit import counting, slicing, tasks
 from mergekit_ram.core import cache, statistics
 from mergekit_ram.errors import Unreadable
 from mergekit_ram.method import resolves_to_ours
-from mergekit_ram.verify import loader_files, published_checks, sample
+from mergekit_ram.verify import folder_checks, loader_files, published_checks, sample
 
 STATS = "ram_stats.json"
 
 
 def draw(plan: tasks.Plan, folder: str, index: dict[str, str], share: float, seed: int) -> sample.Sample:
-    """The sample of the planned output tensors (`index`: the published folder's tensor -> file)."""
+    """A slice of every planned output tensor (`index`: the published folder's tensor -> file); a tensor whose
+    merge cannot be recomputed slice by slice (`slicing.whole`) is checked whole, and says why."""
     headers: dict[str, dict] = {}
-    sizes = {}
+    shapes, whole = {}, {}
     for name, task, _optional, _dtype in plan.saves():
         shape = _input_shape(plan, task, headers)
         if shape is None and name in index:
             shape = (tasks.header_entry(os.path.join(folder, index[name]), name, headers) or (None, None))[1]
-        sizes[name] = _numel(shape)
-    return sample.draw(sizes, share, seed)
+        shapes[name] = (_numel(shape), _numel(list(shape or [1])[1:]))
+        why = slicing.whole(plan, task, headers)
+        if why is not None:
+            whole[name] = why
+    return sample.draw(shapes, share, seed, whole)
 
 
 def _input_shape(plan: tasks.Plan, task: Any, headers: dict[str, dict]) -> list[int] | None:
@@ -65,14 +70,27 @@ def _numel(shape: list[int] | None) -> int:
 
 def absent_shards(folder: str) -> list[str]:
     """One line per weight file an index of `folder` names that the folder does not hold (plain absence: no link,
-    nothing opened)."""
+    nothing opened), and per tensor an index names twice (JSON keeps the last: a sample would read one of two)."""
     out = []
     for choice in sorted(set(loader_files.loader_choices(folder).values())):
         if choice.endswith(".index.json"):
             names = loader_files.weight_files(folder, choice)
             out += [f"{name}: {choice} names it, the folder does not hold it" for name in names
                     if not os.path.lexists(os.path.join(folder, name))]  # fmt: skip
+            out += [f"{name}: {choice} names it twice" for name in _twice(folder, choice)]
     return out
+
+
+def _twice(folder: str, choice: str) -> list[str]:
+    """The keys of an index's `weight_map` that it holds more than once."""
+    seen: list[list[str]] = []
+
+    def pairs(items: list) -> dict:
+        seen.append([str(key) for key, _ in items])
+        return dict(items)
+
+    json.loads(folder_checks.read_bytes(folder, choice, folder_checks.JSON_LIMIT), object_pairs_hook=pairs)
+    return sorted({key for keys in seen for key in keys if keys.count(key) > 1})
 
 
 def recorded_statistics(
@@ -137,13 +155,36 @@ def numel_mismatches(plan: tasks.Plan, stats: statistics.Statistics, folder: str
     return out
 
 
+def within_slices(
+    stats: statistics.Statistics, counted: dict[str, statistics.TensorCounts], drawn: sample.Sample, labels: dict
+) -> list[str]:
+    """One line per recorded count (active, unique, pair) that its tensor's slice contradicts: a tensor whose slice
+    holds c such entries of its n, in N elements, holds between c and c + N - n (a certainty, not a chance)."""
+    cuts = {s.name: s for s in drawn.slices}
+    out = []
+    for row in stats.tensors:
+        found, cut = counted.get(row.name), cuts.get(row.name)
+        if found is None or cut is None:
+            continue
+        outside = cut.numel - cut.elements
+        for agent, values in row.counts.items():
+            for column, value, least in zip(("active", "unique", "pair"), values, found.counts[agent], strict=True):
+                if not least <= value <= least + outside:
+                    out.append(
+                        f"{STATS}: tensor {row.name}: {labels.get(agent, agent)}'s {column} count {value:,} cannot "
+                        f"be: its slice holds {least:,} of {cut.elements:,} elements, so the tensor holds {least:,} "
+                        f"to {least + outside:,}"
+                    )
+    return out
+
+
 def recount(plan: tasks.Plan, drawn: sample.Sample, recorded: dict, labels: dict[str, str]) -> list[str]:
-    """The drawn ramplus tensors counted again, against `ram_stats.json`'s counts of them: one line per value that
-    differs (the diagnostics' sums to `published_checks.SUM_TOLERANCE` of their size, as a full verify)."""
+    """The ramplus tensors checked whole counted again, against `ram_stats.json`'s counts of them: one line per value
+    that differs (the diagnostics' sums to `published_checks.SUM_TOLERANCE` of their size, as a full verify)."""
     rows = {row.get("name"): (i, row) for i, row in enumerate(recorded.get("tensors") or []) if isinstance(row, dict)}
     planned = [t for _, t in tasks.planned(plan, resolves_to_ours)]
     tied = tasks.tied_copies(plan.out_model_config, planned)
-    chosen = set(drawn.names)
+    chosen = set(drawn.whole)
     wanted = [t for t in planned if t.output_weight.name in chosen and t.output_weight.name not in tied]
     if not wanted:
         return []
@@ -174,7 +215,7 @@ def needed(
     ranges: dict[str, set[tuple[int, int]]] = {}
     headers: dict[str, tuple[int, dict]] = {}
 
-    def add(path: str, name: str | None = None) -> None:
+    def add(path: str, name: str | None = None, within: list[tuple[int, int]] | None = None) -> None:
         path = os.path.realpath(path)
         if not path.endswith(".safetensors"):
             ranges.setdefault(path, set()).add((0, os.path.getsize(path)))
@@ -186,7 +227,12 @@ def needed(
         start, header = headers[path]
         entry = header.get(name) if name is not None else None
         if isinstance(entry, dict) and len(entry.get("data_offsets") or ()) == 2:
-            ranges[path].add((start + int(entry["data_offsets"][0]), start + int(entry["data_offsets"][1])))
+            first, last = start + int(entry["data_offsets"][0]), start + int(entry["data_offsets"][1])
+            if within is None:  # the whole tensor
+                ranges[path].add((first, last))
+                return
+            size = (last - first) // max(1, _numel(entry.get("shape")))
+            ranges[path].update((min(last, first + a * size), min(last, first + b * size)) for a, b in within)
 
     for file in set(index.values()):
         add(os.path.join(folder, file))
@@ -195,18 +241,20 @@ def needed(
             add(path)
             for start in cache.sample_offsets(size):
                 ranges.setdefault(os.path.realpath(path), set()).add((start, min(size, start + cache.SAMPLE)))
-    chosen = set(drawn.names)
+    cuts = {s.name: s for s in drawn.slices}
     for name, task, _optional, _dtype in plan.saves():
-        if name not in chosen:
+        cut = cuts.get(name)
+        if cut is None:
             continue
+        within = None if cut.whole is not None else cut.spans()
         if name in index:
-            add(os.path.join(folder, index[name]), name)
+            add(os.path.join(folder, index[name]), name, within)
         try:
             found = plan.sources(task)
         except Exception:
             continue
         for path, tensor in found.values():
-            add(path, tensor)
+            add(path, tensor, within)
     return ranges
 
 

@@ -105,7 +105,7 @@ NAMES: tuple[Name, ...] = (
     Name(_RAW, "RawPyTorchMergeConfig", FLAT),
     *_fields("RawPyTorchMergeConfig", _RAW, "merge_method models base_model parameters dtype out_dtype", FLAT),
     Name(_RAW, "SimpleLoadTensor", FLAT),
-    *_fields("SimpleLoadTensor", _RAW, "model tensor_name", FLAT),
+    *_fields("SimpleLoadTensor", _RAW, "model tensor_name dtype", FLAT),
     Name(_RAW, "SimpleLoaderCache", FLAT),
     Name(_TASKS, "SaveTensor", FLAT),
     *_fields("SaveTensor", _TASKS, "tensor_task", FLAT),
@@ -130,6 +130,9 @@ NAMES: tuple[Name, ...] = (
     # verify: hub ids pinned to a recorded revision, the published weights read (a mergekit-pytorch folder: FLAT too)
     *_objects("mergekit.common", "ModelReference ModelPath", VERIFY),
     Name(_TASKS, "LoaderCache.loaders", VERIFY, "annotation"),
+    # verify --sample: a merge task run on its inputs' slices, loaded as the task's load would cast them
+    Name(_ADAPTER, "ExecuteMergeMethodTask.execute", VERIFY),
+    *_fields("GatherTensors", _TASKS, "dtype", VERIFY),
     # public API: the method definition, registration, the CLI
     Name("mergekit", "merge_methods", PUBLIC),
     *_objects(

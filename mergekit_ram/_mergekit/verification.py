@@ -38,14 +38,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from mergekit_ram import errors
-from mergekit_ram._mergekit import door, loading, pipeline, published, rerun, sampling, surface
+from mergekit_ram._mergekit import door, loading, pipeline, published, rerun, sampling, slicing, surface
 from mergekit_ram.checks import config_checks
 from mergekit_ram.core import cachedir
 from mergekit_ram.errors import InputError
 from mergekit_ram.method import NAME, refuse_foreign
 from mergekit_ram.reporting import report
 from mergekit_ram.session import Mode, active
-from mergekit_ram.verify import bitwise, hub, input_copies, ranged, record_checks, verdict
+from mergekit_ram.verify import hub, input_copies, ranged, record_checks, verdict
 
 
 def verify(
@@ -181,8 +181,9 @@ def _run_again(
             outcome.sample = sampling.draw(plan, folder, index, *sample)
             spans = sampling.needed(plan, folder, index, outcome.sample, seen)
             if mirror is not None:
-                mirror.fill_all(spans)  # the drawn tensors' bytes, before anything reads them
-            saves = _sampled(plan, saves, folder, index, recorded, names, current.stats, outcome)
+                mirror.fill_all(spans)  # the slices' bytes, before anything reads them
+            counted = slicing.check(plan, saves, outcome.sample, folder, index, outcome)
+            saves = _sampled(plan, saves, folder, index, recorded, names, current.stats, outcome, counted)
         targets = [rerun.compare_task(folder, *save) for save in saves]
         rerun.run(targets, index, folder, through.options, outcome, [save[0] for save in plan.saves()])
         if outcome.sample is not None:
@@ -217,16 +218,26 @@ def _inputs_unchanged(through: door.Door, recorded: dict, outcome: verdict.Outco
 
 
 def _sampled(
-    plan: Any, saves: list, folder: str, index: dict, recorded: dict, names: dict, stats: Any, outcome: Any
+    plan: Any,
+    saves: list,
+    folder: str,
+    index: dict,
+    recorded: dict,
+    names: dict,
+    stats: Any,
+    outcome: Any,
+    counted: dict,
 ) -> list:
-    """The saves of the drawn tensors. The others are checked without a read: a planned tensor the folder lacks is
-    named, and so is a recorded element count the inputs' headers contradict; the drawn tensors' counts are
-    counted again against ram_stats.json's (`sampling`)."""
-    chosen = set(outcome.sample.names)
-    for name, _task, optional, _dtype in saves:
-        if name not in chosen and name not in index and not optional:
-            outcome.add(bitwise.Difference(name, "missing"))
+    """The saves of the tensors checked whole (`slicing.check` compared the slices of the others). Each recorded
+    element count is checked against the inputs' headers (a vocabulary mergekit maps: the published header's), each
+    tensor's counts against its slice's, and the counts of the tensors checked whole counted again (`sampling`)."""
+    chosen = set(outcome.sample.whole)
     if stats is not None:
         outcome.files += sampling.numel_mismatches(plan, stats, folder, index)
+        outcome.files += sampling.within_slices(stats, counted, outcome.sample, names)
         outcome.files += sampling.recount(plan, outcome.sample, recorded, names)
+        ours = [task for name, task, _optional, _dtype in saves if name in counted]
+        if ours and stats.agents:
+            lines, outcome.sample.counts = slicing.totals(stats, counted, outcome.sample, ours[0], names)
+            outcome.files += lines
     return [save for save in saves if save[0] in chosen]

@@ -23,7 +23,7 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,3 +286,14 @@ def _why(said: str, error: Exception, endpoint: str) -> str:
         return f"{said}: the repository on {endpoint} has no revision {said.partition('@')[2]}"
     detail = " ".join(str(error).split())[:200]
     return f"{said}: the Hub at {endpoint} could not be asked ({type(error).__name__}: {detail})"
+
+
+def quiet_bars(quiet: bool) -> Callable[[], None]:
+    """With `quiet` (`verify -q`, `--json`), huggingface_hub's progress bars off until the returned function is
+    called (which puts them back as they were); without it, nothing changes."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    if not quiet or are_progress_bars_disabled():
+        return lambda: None
+    disable_progress_bars()
+    return enable_progress_bars

@@ -4,22 +4,28 @@ A `Mirror` holds, in a private temporary folder, a stand-in of each Hub reposito
 merge, and each input recorded as a hub id at its recorded commit): its small files whole (fetched into the Hub
 cache as any verify fetches them), each safetensors weight file as a sparse file of its true size holding only
 the ranges read so far: its header and the sixteen windows an input's identity samples (`cache.sample_offsets`)
-when made, then the drawn tensors' bytes (`fill`, after the draw). verify reads the stand-ins as any folder; a
+when made, then the slices' bytes (`fill`, after the draw). verify reads the stand-ins as any folder; a
 range never read holds zeros, and nothing reads one. A pickled weight file (`.bin`) has no header to range over: it
 is read whole, and the verdict says so.
 
-Reads go through huggingface_hub's own means (`hf_hub_url`, its session and headers, `hf_raise_for_status`), each
-answer checked: a 206 must say it holds exactly the bytes asked (`Content-Range`) and hold that many; a server that
-ignores ranges (200, the whole file) is read up to the bytes asked and no further, and noted (`more_than_needed`);
-anything else is `Unreadable` naming the file (verify's exit 3). `received` counts the bytes that came.
+Reads go through huggingface_hub's own means (`hf_hub_url`, its session and headers, `hf_raise_for_status`); a
+file the Hub redirects (to its CDN, as it does for weight files) is asked at the place it redirected to after the
+first read (again at the Hub's URL if that place refuses: a signed link that expired). Near ranges of a file are
+joined (`GAP`) and `PARALLEL` requests run at once. Each answer is checked: a 206 must say it holds exactly the
+bytes asked (`Content-Range`) and hold that many; a server that ignores ranges (200, the whole file) is read whole,
+once: the stand-in then holds the file, nothing more is asked of it, and it is noted once (`more_than_needed`);
+anything else is `Unreadable` naming the file (verify's exit 3), and so is a read that stalls past huggingface_hub's
+`HF_HUB_DOWNLOAD_TIMEOUT`. `received` counts the bytes that came.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import fnmatch
 import os
 import re
 import shutil
+import threading
 from collections.abc import Iterable, Mapping
 
 from mergekit_ram import files
@@ -30,37 +36,60 @@ from mergekit_ram.verify import hub
 #: what mergekit fetches of a hub input (`ModelReference.local_path`, 0.1.5): these, and its weights
 INPUT_PATTERNS = ("tokenizer.model", "*.json")
 _RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
-#: bytes asked for at most in one request (adjacent ranges are joined up to this)
+#: bytes asked for at most in one request (near ranges are joined up to this)
 JOIN = 1 << 26
+#: ranges of a file at most this many bytes apart are asked for in one request
+GAP = 1 << 12
+#: requests in flight at once
+PARALLEL = 8
 
 
 class Reader:
     """Ranged reads of files of Hub repositories at a commit; `received`: the bytes that came, `more_than_needed`:
-    one line per file a server sent more of than asked; `endpoint`: another Hub than `HF_ENDPOINT`'s."""
+    one line per file a server sent whole instead of a range; `endpoint`: another Hub than `HF_ENDPOINT`'s. Reads
+    may run in threads (`Mirror.fill_all`)."""
 
     def __init__(self, endpoint: str | None = None) -> None:
         self.endpoint = endpoint
         self.received = 0
         self.more_than_needed: list[str] = []
+        self.located: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def count(self, size: int) -> None:
+        with self._lock:
+            self.received += size
 
     def read(self, repository: str, commit: str, name: str, start: int, stop: int) -> tuple[bytes, int]:
-        """Bytes [start, stop) of `name` and the file's size."""
+        """Bytes [start, stop) of `name` and the file's size; from a server that ignores ranges (HTTP 200), the
+        whole file instead (then len(bytes) is the size, and the file is noted once)."""
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
         said = f"{repository}@{commit}/{name}"
         headers = {**build_hf_headers(), "Range": f"bytes={start}-{stop - 1}", "Accept-Encoding": "identity"}
         url = hf_hub_url(repository, name, revision=commit, endpoint=self.endpoint)
+        located = self.located.get(url)  # where the Hub redirected this file before: asked there directly
         try:
-            with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
+            with get_session().stream("GET", located or url, headers=headers, follow_redirects=True) as response:
+                if located is not None and response.status_code in (401, 403, 404, 410):  # a link that expired
+                    self.located.pop(url, None)
+                    return self.read(repository, commit, name, start, stop)
                 hf_raise_for_status(response)
+                if located is None and str(response.url) != url:
+                    with self._lock:
+                        self.located[url] = str(response.url)
                 if response.status_code == 206:
                     size = _partial(said, response.headers.get("Content-Range"), start, stop)
                     data = _take(response, stop - start, self)
-                elif response.status_code == 200:
+                elif response.status_code == 200:  # the whole file: kept whole, so it is read once
                     size = int(response.headers.get("Content-Length") or -1)
-                    data = _take(response, stop, self)[start:]
-                    self.more_than_needed.append(f"{said}: the server ignored a range and sent the whole file")
+                    data = _take(response, max(size, stop), self)
+                    if len(data) != size:
+                        raise Unreadable(f"{said}: the server said {size} byte(s) and sent {len(data)}")
+                    with self._lock:
+                        self.more_than_needed.append(f"{said}: the server ignored a range and sent the whole file")
+                    return data, size
                 else:
                     raise Unreadable(f"{said}: the server answered a range read with HTTP {response.status_code}")
         except Unreadable:
@@ -85,7 +114,7 @@ def _take(response: object, count: int, reader: Reader) -> bytes:
     """At most `count` bytes of a streamed body (then the rest is left unread)."""
     out = bytearray()
     for chunk in response.iter_bytes():  # type: ignore[attr-defined]
-        reader.received += len(chunk)
+        reader.count(len(chunk))
         out += chunk[: count - len(out)]
         if len(out) >= count:
             break
@@ -101,6 +130,7 @@ class Mirror:
         #: a stand-in weight file (its real path) -> (repository, commit, name in it); and the ranges it holds
         self.remote: dict[str, tuple[str, str, str]] = {}
         self.held: dict[str, list[tuple[int, int]]] = {}
+        self._lock = threading.Lock()
 
     def folder(self, repository: str, commit: str) -> str:
         """The stand-in's folder (`.../snapshots/COMMIT`, so an identity records the commit as a snapshot's does)."""
@@ -117,7 +147,7 @@ class Mirror:
 
     def weight(self, repository: str, commit: str, folder: str, name: str, *, identity: bool = False) -> None:
         """A weight file's stand-in: its header (and with `identity`, the windows an identity samples); a pickle
-        whole."""
+        whole. A server that ignores ranges gives the whole file at the first read: nothing more is asked of it."""
         path = os.path.join(folder, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.remote[os.path.realpath(path)] = (repository, commit, name)
@@ -128,7 +158,7 @@ class Mirror:
         if not name.endswith(".safetensors"):
             self.fill(path, [(8, size)])
             return
-        length = int.from_bytes(first, "little")
+        length = int.from_bytes(first[:8], "little")
         if length > files.MAX_HEADER or 8 + length > size:
             raise Unreadable(f"{repository}@{commit}/{name}: implausible safetensors header size {length}")
         self.fill(path, [(8, 8 + length)])
@@ -136,24 +166,51 @@ class Mirror:
             self.fill(path, [(start, min(size, start + cache.SAMPLE)) for start in cache.sample_offsets(size)])
 
     def fill(self, path: str, spans: Iterable[tuple[int, int]]) -> None:
-        """Fetch the spans of a stand-in it does not hold yet (adjacent ones joined)."""
-        path = os.path.realpath(path)
-        repository, commit, name = self.remote[path]
-        for start, stop in _joined(_missing(sorted(spans), self.held.get(path, []))):
-            data, _ = self.reader.read(repository, commit, name, start, stop)
-            self._write(path, start, data)
+        """Fetch the spans of a stand-in it does not hold yet (near ones joined)."""
+        self.fill_all({path: spans})
 
     def fill_all(self, needed: Mapping[str, Iterable[tuple[int, int]]]) -> None:
-        """Fetch what `needed` (file -> spans) names of the stand-ins (other files are local)."""
+        """Fetch what `needed` (file -> spans) names of the stand-ins (other files are local), near spans of a file
+        joined, `PARALLEL` requests at a time; the first failure stops the rest (Unreadable, naming the file)."""
+        asked = []
         for path, spans in needed.items():
-            if os.path.realpath(path) in self.remote:
-                self.fill(path, spans)
+            path = os.path.realpath(path)
+            if path in self.remote:
+                asked += [
+                    (path, start, stop) for start, stop in _joined(_missing(sorted(spans), self.held.get(path, [])))
+                ]
+        if not asked:
+            return
+        if len(asked) == 1:
+            self._fetch(*asked[0])
+            return
+        with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+            running = [pool.submit(self._fetch, *job) for job in asked]
+            try:
+                for done in concurrent.futures.as_completed(running):
+                    done.result()
+            except BaseException:
+                for future in running:
+                    future.cancel()
+                raise
+
+    def _fetch(self, path: str, start: int, stop: int) -> None:
+        with self._lock:
+            if any(a <= start and stop <= b for a, b in self.held.get(path, [])):
+                return  # a server that sent the whole file already gave it
+        repository, commit, name = self.remote[path]
+        data, size = self.reader.read(repository, commit, name, start, stop)
+        if len(data) == size and (start, stop) != (0, size):  # the whole file (a server that ignores ranges)
+            self._write(path, 0, data)
+        else:
+            self._write(path, start, data)
 
     def _write(self, path: str, start: int, data: bytes) -> None:
         with open(path, "r+b") as f:
             f.seek(start)
             f.write(data)
-        self.held.setdefault(os.path.realpath(path), []).append((start, start + len(data)))
+        with self._lock:
+            self.held.setdefault(os.path.realpath(path), []).append((start, start + len(data)))
 
 
 def _missing(spans: list[tuple[int, int]], held: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -169,10 +226,10 @@ def _missing(spans: list[tuple[int, int]], held: list[tuple[int, int]]) -> list[
 
 
 def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Overlapping or touching spans joined (up to `JOIN` bytes each)."""
+    """Spans at most `GAP` bytes apart joined (up to `JOIN` bytes each): a request costs more than a few KiB."""
     out: list[tuple[int, int]] = []
     for start, stop in sorted(spans):
-        if out and start <= out[-1][1] and stop - out[-1][0] <= JOIN:
+        if out and start <= out[-1][1] + GAP and stop - out[-1][0] <= JOIN:
             out[-1] = (out[-1][0], max(out[-1][1], stop))
         else:
             out.append((start, stop))

@@ -1,16 +1,21 @@
-"""`mergekit-ram verify --sample P`: which output tensors a sample checks, and what passing it says. Plain data.
+"""`mergekit-ram verify --sample P`: which elements of each output tensor a sample checks, and what passing it says.
+Plain data.
 
-The draw (`draw`): output tensors are drawn one at a time without replacement, each with a chance proportional to
-its element count among those not drawn yet (`random.Random(seed)`, integers only: the same seed draws the same
-tensors everywhere), until the drawn tensors hold at least `P` of the output's elements. A large tensor is likely
-drawn; a change to a large share of the weights cannot hide in small tensors.
+The draw (`draw`): every output tensor is cut into equal runs of contiguous elements (the last one shorter), and
+`runs_for(P)` of them (16 up to P = 2 %, as many per 2 % above) are drawn without replacement, by the seed and
+the tensor's name (`random.Random(f"{seed}/{name}")`: the same seed draws the same runs everywhere), the runs long
+enough to hold at least P of the tensor's elements and at least one row. A tensor too small to
+cut (at most `SMALL` elements, or one that P would take half of) is checked whole. Each RAM+ output entry depends
+only on the same entry of the inputs and on lambda, so a run is recomputed from the same run of each input.
 
-What passing says (`pass_bound`): let the tensors that differ hold a share `q` of the output's elements. While none
-of them is drawn, they are all still in the pool, and the pool holds at most every element, so each draw takes
-one of them with a chance of at least `q`, whatever came before: each draw misses them with a chance of at most
-`1 - q`. The draw cannot stop before `least_draws` tensors (the fewest, largest first, that hold `P`), so a merge
-whose differing tensors hold `q` of the weights passes with a chance of at most `(1 - q) ** least_draws`. A bound,
-not an estimate: the true chance is smaller where the draw takes more tensors than the fewest it could.
+What passing says (`Slice.pass_bound`): let a tensor differ in a share q of its N elements. Each of its B runs
+holds at most `run` elements, so the differing elements touch at least t = ceil(qN / run) runs, wherever they
+are. The k runs drawn are a sample without replacement of the B runs, so the tensor passes (no drawn run touches a
+difference) with a chance of at most C(B - t, k) / C(B, k) <= (1 - t/B)^k. A merge that differs in a share q of all
+its weights differs in a share of at least q of some tensor, so it passes with a chance of at most the largest of
+these bounds (`Sample.pass_bound`). A bound whatever the differences' places: spread or in one block, the seed
+alone places the runs. A whole tensor replaced by another (another checkpoint's, another `r`'s) differs in nearly
+every element and is caught at every seed.
 """
 
 from __future__ import annotations
@@ -20,10 +25,22 @@ import random
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
 
-#: the shares of differing weights the verdict states the bound for
-SHARES = (0.01, 0.1)
+#: the shares of differing elements the verdict states the bound for
+SHARES = (0.01, 0.1, 0.5)
+#: runs drawn per tensor (its ranges per file) up to --sample 0.02, and as many per 2 % above: the bound's strength
+#: against the number of reads (docs/verify.md)
+RUNS = 16
+
+
+def runs_for(share: float) -> int:
+    """The runs drawn from a tensor at `--sample share`: `RUNS`, more in proportion above 2 % (a larger sample is a
+    stronger check, not only longer runs)."""
+    return max(RUNS, math.ceil(RUNS * share / 0.02 - 1e-9))
+
+
+#: a tensor of at most this many elements is checked whole
+SMALL = 256
 
 
 def options(share: str | None, seed: str | None) -> tuple[float, int] | None:
@@ -58,98 +75,187 @@ def seed_of(text: str | None) -> int:
         raise ValueError(f"--sample-seed {text}: expected an integer") from None
 
 
-@dataclass
-class Sample:
-    """One draw: `names` in the order drawn, of `sizes` (every output tensor -> its elements); `least`: the fewest
-    draws that can hold `share`. `bytes_read`: bytes of weight files read (headers, tensors, identity samples);
-    `more_than_needed`: why more was read (a server that sent whole files)."""
+@dataclass(frozen=True)
+class Slice:
+    """The elements of one tensor a sample checks: runs `runs` (indices, sorted) of `run` elements each of its
+    `numel` (flat, row-major: the order safetensors stores them in). `whole`: why it is checked whole by running
+    its merge task (a tensor mergekit maps by row, ...), or None."""
 
-    seed: int
-    share: float
-    names: tuple[str, ...]
-    sizes: Mapping[str, int]
-    least: int
-    bytes_read: int = 0
-    more_than_needed: list[str] = field(default_factory=list)
+    name: str
+    numel: int
+    run: int
+    runs: tuple[int, ...]
+    whole: str | None = None
+
+    @property
+    def count(self) -> int:
+        """The runs the tensor is cut into."""
+        return -(-self.numel // self.run) if self.numel else 0
 
     @property
     def elements(self) -> int:
-        return sum(self.sizes[name] for name in self.names)
+        return sum(stop - start for start, stop in self.spans())
+
+    def spans(self) -> list[tuple[int, int]]:
+        """The drawn elements as (start, stop) of the flat tensor, adjacent runs joined."""
+        out: list[tuple[int, int]] = []
+        for index in self.runs:
+            start, stop = index * self.run, min(self.numel, (index + 1) * self.run)
+            if out and out[-1][1] == start:
+                out[-1] = (out[-1][0], stop)
+            else:
+                out.append((start, stop))
+        return out
+
+    def pass_bound(self, share: float) -> float:
+        """The most a version of this tensor differing in `share` of its elements passes this draw with."""
+        if self.whole is not None or len(self.runs) >= self.count:
+            return 0.0
+        touched = math.ceil(share * self.numel / self.run - 1e-12)
+        return miss_chance(self.count, touched, len(self.runs))
+
+
+def miss_chance(units: int, touched: int, drawn: int) -> float:
+    """C(units - touched, drawn) / C(units, drawn): the chance that `drawn` of `units`, taken without replacement,
+    miss all of `touched` given ones."""
+    chance = 1.0
+    for i in range(drawn):
+        if units - touched - i <= 0:
+            return 0.0
+        chance *= (units - touched - i) / (units - i)
+    return chance
+
+
+def cut(name: str, numel: int, row: int, share: float, seed: int, whole: str | None = None) -> Slice:
+    """The slice of one tensor (`row`: elements per row, its shape's trailing dimensions)."""
+    wanted = min(numel, max(math.ceil(share * numel - 1e-12), row, 1))
+    if whole is not None or numel <= SMALL or 2 * wanted >= numel:
+        return Slice(name, numel, max(1, numel), (0,) if numel else (), whole)
+    k = runs_for(share)
+    run = -(-wanted // k)
+    count = -(-numel // run)
+    order = random.Random(f"{seed}/{name}").sample(range(count), min(count, k + 1))
+    drawn = Slice(name, numel, run, tuple(sorted(order[:k])))
+    if drawn.elements < wanted:  # the short last run was drawn: one more
+        drawn = Slice(name, numel, run, tuple(sorted(order[: k + 1])))
+    return drawn
+
+
+@dataclass
+class Sample:
+    """One draw: a slice of every output tensor (`slices`, in name order). `bytes_read`: bytes of weight files read
+    (headers, slices, identity samples); `more_than_needed`: why more was read (a server that sent whole files);
+    `recounted`: the agents' counts checked against the slices (`counts_bound`, a line of the verdict) or None."""
+
+    seed: int
+    share: float
+    slices: tuple[Slice, ...]
+    bytes_read: int = 0
+    more_than_needed: list[str] = field(default_factory=list)
+    counts: str | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.slices)
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {s.name: s.numel for s in self.slices}
+
+    @property
+    def elements(self) -> int:
+        return sum(s.elements for s in self.slices)
 
     @property
     def total(self) -> int:
-        return sum(self.sizes.values())
+        return sum(s.numel for s in self.slices)
+
+    @property
+    def whole(self) -> dict[str, str]:
+        """Tensors checked whole by their merge task, and why."""
+        return {s.name: s.whole for s in self.slices if s.whole is not None}
+
+    @property
+    def least(self) -> int:
+        """The fewest runs drawn from a tensor that is not checked whole."""
+        return min((len(s.runs) for s in self.slices if s.whole is None and len(s.runs) < s.count), default=0)
 
     def percent(self) -> str:
         return f"{100 * self.elements / max(1, self.total):.1f} %"
 
+    def pass_bound(self, share: float) -> float:
+        """The most a merge whose differences hold `share` of its weights passes with (module docstring)."""
+        return max((s.pass_bound(share) for s in self.slices), default=0.0)
+
     def headline(self) -> str:
         return (
-            f"no difference in a sample of {len(self.names):,} of {len(self.sizes):,} tensors ({self.percent()} of "
-            f"the weights, seed {self.seed})"
+            f"no difference in a slice of every tensor ({len(self.slices):,} tensors, {self.percent()} of the "
+            f"weights, seed {self.seed})"
         )
 
     def odds(self) -> str:
-        """The chance that a merge differing in a given share of its weights passes a sample like this one."""
-        said = [f"{_percent(q)} of them: at most {_percent(pass_bound(self.least, q))}" for q in SHARES[:-1]]
-        last = SHARES[-1]
+        """The bound in one plain sentence (its derivation: docs/verify.md)."""
+        ten, one, half = (_percent(self.pass_bound(q)) for q in (0.1, 0.01, 0.5))
         return (
-            f"a merge whose differing tensors hold {_percent(last)} of the weights passes a sample like this with "
-            f"a chance of at most {_percent(pass_bound(self.least, last))} ({'; '.join(said)}): the draw takes at "
-            f"least {self.least} tensor(s), each missing them with a chance of at most 1 - share (docs/verify.md)"
+            f"a merge with 10 % of its weights changed would pass this check up to {ten} of the time (1 %: up to "
+            f"{one}; a tensor replaced by another, half its elements changed or more: up to {half}); use a larger "
+            "--sample for a stronger check"
         )
+
+    def said(self) -> list[str]:
+        """The verdict's lines on the sample: the bound, then the tensors checked whole by their merge task, by why."""
+        why: dict[str, list[str]] = {}
+        for name, reason in self.whole.items():
+            why.setdefault(reason, []).append(name)
+        out = [self.odds()]
+        for reason, names in sorted(why.items()):
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            out.append(f"checked whole, not sliced ({reason}): {shown}")
+        return out
+
+    def unchecked(self) -> list[str]:
+        """What a sample leaves unchecked."""
+        left = self.total - self.elements
+        out = [f"the bits of {left:,} elements outside the slices ({100 * left / max(1, self.total):.1f} %)"]
+        out.append(
+            "each tensor's counts in ram_stats.json, but through the per-agent totals, rho and lambda they must sum "
+            "to and their slice's counts" + (f" ({self.counts})" if self.counts else "")
+        )
+        return out
 
     def as_json(self) -> dict:
         return {
             "seed": self.seed,
             "share": self.share,
-            "tensors_checked": len(self.names),
-            "tensors_total": len(self.sizes),
+            "tensors_checked": len(self.slices),
+            "tensors_total": len(self.slices),
             "elements_checked": self.elements,
             "elements_total": self.total,
             "bytes_read": self.bytes_read,
             "least_draws": self.least,
-            "pass_bound": {str(q): pass_bound(self.least, q) for q in SHARES},
+            "pass_bound": {str(q): self.pass_bound(q) for q in SHARES},
             "more_than_needed": list(self.more_than_needed),
             "tensors": sorted(self.names),
+            "runs_per_tensor": runs_for(self.share),
+            "whole": self.whole,
+            "counts": self.counts,
+            "slices": {
+                s.name: {"share": s.elements / max(1, s.numel), "run": s.run, "runs": list(s.runs)} for s in self.slices
+            },
         }
 
 
-def draw(sizes: Mapping[str, int], share: float, seed: int) -> Sample:
-    """Draw tensors of `sizes` (name -> elements) until they hold at least `share` of the elements (see above)."""
-    pool = sorted(sizes)
-    total = sum(sizes.values())
-    wanted = Fraction(share) * total
-    rng = random.Random(seed)
-    left, drawn, held = total, [], 0
-    while held < wanted and left > 0:
-        pick, at = rng.randrange(left), 0
-        while pick >= sizes[pool[at]]:
-            pick -= sizes[pool[at]]
-            at += 1
-        name = pool.pop(at)
-        drawn.append(name)
-        held += sizes[name]
-        left -= sizes[name]
-    return Sample(seed, share, tuple(drawn), dict(sizes), least_draws(sizes, share))
-
-
-def least_draws(sizes: Mapping[str, int], share: float) -> int:
-    """The fewest tensors of `sizes` that hold at least `share` of the elements (largest first)."""
-    wanted = Fraction(share) * sum(sizes.values())
-    held = 0
-    for count, size in enumerate(sorted(sizes.values(), reverse=True), 1):
-        held += size
-        if held >= wanted:
-            return count
-    return len(sizes)
-
-
-def pass_bound(least: int, share: float) -> float:
-    """The most a merge whose differing tensors hold `share` of the weights can pass a draw of at least `least`
-    tensors with: (1 - share) ** least."""
-    return (1 - share) ** least
+def draw(
+    tensors: Mapping[str, tuple[int, int]], share: float, seed: int, whole: Mapping[str, str] | None = None
+) -> Sample:
+    """A slice of every tensor of `tensors` (name -> (elements, elements per row)); `whole`: the tensors checked
+    whole, and why."""
+    whole = whole or {}
+    slices = tuple(cut(name, *tensors[name], share, seed, whole.get(name)) for name in sorted(tensors))
+    return Sample(seed, share, slices)
 
 
 def _percent(value: float) -> str:
-    return f"{100 * value:.3g} %"
+    if value == 0:
+        return "0 %"
+    return f"{100 * value:.2g} %" if value < 0.1 else f"{100 * value:.0f} %"

@@ -37,10 +37,12 @@ JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/ver
 - `checked[]`, `not_checked[]`: what was checked, and what was not (files no check covers, and why);
 - `problems[]`: every finding as one line of text (what the text output prints);
 - `notes[]`: what does not decide the result (versions differing from the recorded ones, ...);
-- `sample` (only with `verify --sample P`, P < 1): `seed`, `share` (P), `tensors_checked`, `tensors_total`,
-  `elements_checked`, `elements_total`, `bytes_read` (bytes of weight files read, from disk or the network, each
-  byte once), `least_draws` and `pass_bound` (share of differing weights -> the most such a merge passes with:
-  `verify/sample.py`), `more_than_needed` (why more was read: a server that ignored a range), `tensors` (names).
+- `sample` (only with `verify --sample P`, P < 1): `seed`, `share` (P), `tensors_checked`, `tensors_total` (every
+  tensor: a slice of each), `elements_checked`, `elements_total`, `bytes_read` (bytes of weight files read, from disk
+  or the network, each byte once), `least_draws` (the fewest runs drawn from a sliced tensor) and `pass_bound` (share
+  of differing weights -> the most such a merge passes with: `verify/sample.py`), `more_than_needed` (why more was
+  read: a server that ignored ranges), `tensors` (names), `runs_per_tensor`, `whole` (tensor -> why it was checked
+  whole), `counts` (the counts check, a sentence, or null) and `slices` (tensor -> `share`, `run`, `runs`).
   With a sample, `result` is never "identical": "no difference in sample", and the headline says so.
 
 Every exit but a usage error's prints this JSON; a NaN or infinity anywhere in it (a record's value) is a string.
@@ -159,14 +161,7 @@ class Outcome:
 
     def _unsampled(self) -> list[str]:
         """What a sample leaves unchecked."""
-        if self.sample is None:
-            return []
-        left = len(self.sample.sizes) - len(self.sample.names)
-        return [
-            f"the bits of the {left:,} tensors not drawn",
-            "their counts in ram_stats.json, but through the per-agent totals, rho and lambda they must sum to (an "
-            "edit that keeps the sums is caught only where the sample draws it)",
-        ]
+        return [] if self.sample is None else self.sample.unchecked()
 
     def text(self) -> str:
         """What `mergekit-ram verify` prints."""
@@ -179,7 +174,7 @@ class Outcome:
         if self.sample is not None and self.merged:
             if self.result != "identical":
                 lines.append(f"  sample: {self.sample.headline().replace('no difference in ', '', 1)}")
-            lines.append(f"  {self.sample.odds()}")
+            lines += [f"  {line}" for line in self.sample.said()]
             lines += [f"  read more than needed: {why}" for why in self.sample.more_than_needed]
         if not self.merged and self.result != "identical":
             lines.append("  (nothing recomputed: the merge was not run again)")
