@@ -34,14 +34,23 @@ def draw(plan: tasks.Plan, folder: str, index: dict[str, str], share: float, see
     headers: dict[str, dict] = {}
     shapes, whole = {}, {}
     for name, task, _optional, _dtype in plan.saves():
-        shape = _input_shape(plan, task, headers)
-        if shape is None and name in index:
-            shape = (tasks.header_entry(os.path.join(folder, index[name]), name, headers) or (None, None))[1]
+        shape = _planned_shape(plan, task, name, folder, index, headers)
         shapes[name] = (_numel(shape), _numel(list(shape or [1])[1:]))
         why = slicing.whole(plan, task, headers)
         if why is not None:
             whole[name] = why
     return sample.draw(shapes, share, seed, whole)
+
+
+def _planned_shape(
+    plan: tasks.Plan, task: Any, name: str, folder: str, index: dict[str, str], headers: dict[str, dict]
+) -> list[int] | None:
+    """The shape of tensor `name` as the merge plans it: its inputs' (`_input_shape`), else the published header's
+    (`index`: tensor -> file of `folder`), else None."""
+    shape = _input_shape(plan, task, headers)
+    if shape is None and name in index:
+        shape = (tasks.header_entry(os.path.join(folder, index[name]), name, headers) or (None, None))[1]
+    return shape
 
 
 def _input_shape(plan: tasks.Plan, task: Any, headers: dict[str, dict]) -> list[int] | None:
@@ -146,10 +155,7 @@ def numel_mismatches(plan: tasks.Plan, stats: statistics.Statistics, folder: str
     headers: dict[str, dict] = {}
     out = []
     for counts in stats.tensors:
-        shape = _input_shape(plan, found[counts.name], headers)
-        if shape is None and counts.name in index:
-            published = os.path.join(folder, index[counts.name])
-            shape = (tasks.header_entry(published, counts.name, headers) or (None, None))[1]
+        shape = _planned_shape(plan, found[counts.name], counts.name, folder, index, headers)
         if shape is not None and _numel(shape) != counts.numel:
             out.append(f"{STATS}: tensor {counts.name} records {counts.numel:,} elements; it has {_numel(shape):,}")
     return out
