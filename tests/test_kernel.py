@@ -668,7 +668,7 @@ def test_the_torch_path_leaves_torchs_thread_count_as_it_found_it(backend):
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        base, agents, _ = make_case(3, torch.bfloat16, shape=(300, 500), seed=5)  # 5 chunks of 2^15: both threads
+        base, agents, _ = make_case(3, torch.bfloat16, shape=(300, 1000), seed=5)  # 3 chunks of 2^17: both threads
         kernel.merge(base, agents, [1.1, 1.0, 0.9], EPS)
         kernel.diagnose(base, agents, EPS)
         seen = []
@@ -687,7 +687,7 @@ def test_torch_path_gives_the_same_bits_for_any_thread_count(backend, dtype):
     if backend != "torch":
         pytest.skip("the torch path's threads")
     before = torch.get_num_threads()
-    base, agents, _ = make_case(3, dtype, shape=(700, 301), seed=9)  # 7 chunks: split unevenly between threads
+    base, agents, _ = make_case(3, dtype, shape=(700, 1301), seed=9)  # 7 chunks: split unevenly between threads
     found = []
     try:
         for threads in (1, 2, 3):

@@ -246,3 +246,19 @@ def test_counts_without_diagnostics_report_none():
     stats = statistics.Statistics(["a", "b"], [statistics.TensorCounts("t", 10, {"a": (2, 1, 1), "b": (1, 0, 1)})])
     assert stats.totals()["a"].single is None and stats.totals()["a"].magnitude_unique_share is None
     assert stats.pair_totals() == [] and not stats.has_diagnostics
+
+
+def test_the_torch_paths_statistics_scratch_bounds_its_chunk(monkeypatch):
+    """On a CPU the statistics pass's chunk is cut to what `_SCRATCH` bytes a thread hold (more agents, smaller
+    chunks): many chunks of 9 agents give the float64 definitions' counts, pair counts and sums all the same."""
+    from mergekit_ram.core import portable
+
+    monkeypatch.setenv("MERGEKIT_RAM_NATIVE", "0")
+    monkeypatch.setattr(portable, "_SCRATCH", 5_000 * 8 * 40)  # at most 2**12 entries per chunk for 9 agents
+    base, agents = _case(torch.bfloat16, 9, numel=30_001, seed=11, common=0.05, density=0.2)
+    chunks = []
+    real = portable._shared_out
+    monkeypatch.setattr(portable, "_shared_out", lambda numel, step, *a: chunks.append(step) or real(numel, step, *a))
+    found = kernel.diagnose(base, agents, 1e-5)
+    assert chunks == [1 << 12]
+    _check(found, R.reference_diagnostics(base, agents, 1e-5), kernel.count(base, agents, 1e-5, chunk=1 << 20))

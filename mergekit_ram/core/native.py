@@ -81,10 +81,11 @@ def library():
     return _lib
 
 
-#: what running without the fused loops costs (measured for issue 53: benchmarks/README.md, "Without a compiler")
+#: what running without the fused loops costs, on a quiet machine (issue 64: benchmarks/README.md, "Without a
+#: compiler, on a quiet machine")
 COST = (
-    "the torch kernel runs instead: the same results, its loops 4-11x slower per tensor, a whole merge about 0.9-1.1x "
-    "task_arithmetic's time on 2 cores (MERGEKIT_RAM_NATIVE=0 silences this)"
+    "the torch kernel runs instead: the same results, its loops 7-9x slower per tensor, a whole merge about 1.3-1.7x "
+    "task_arithmetic's time on 2 idle cores (MERGEKIT_RAM_NATIVE=0 silences this)"
 )
 
 
