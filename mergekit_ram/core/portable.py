@@ -167,11 +167,7 @@ def _diagnose_chunks(base, agents, epsilon: float, step: int, pool: Pool) -> tup
             k = stop - start
             dk, hk, yk, zk = d[:, :k], h[:k], y[:, :k], z[:, :k]
             step_k, sign_k, mask_k = yk[:n], yk[n : 2 * n], yk[2 * n : 3 * n]
-            bk[:k].copy_(flat_base[start:stop])
-            for t, agent in enumerate(flat_agents):
-                dk[t].copy_(agent[start:stop])
-            dk.sub_(bk[:k])
-            torch.abs(dk, out=step_k)  # |d|, until the one-step flags take its rows
+            _masks(flat_base, flat_agents, start, stop, bk, d, y[:n])  # |d| in the rows the one-step flags take next
             torch.amax(step_k, dim=1, out=peaks[i])
             torch.gt(step_k, epsilon, out=mask_k)
             torch.sum(mask_k, dim=0, out=hk)
@@ -254,11 +250,7 @@ def merge_into(base, agents, lambdas: Sequence[float], epsilon: float, flat_out:
         for start, stop in chunks:
             k = stop - start
             dk, mk, sk, hk, ok = both[:, 0, :k], m[:, :k], sums[:, :k], hits[:k], one[:k]
-            bk[:k].copy_(flat_base[start:stop])
-            for t, agent in enumerate(flat_agents):
-                dk[t].copy_(agent[start:stop])
-            dk.sub_(bk[:k])
-            torch.abs(dk, out=mk)
+            _masks(flat_base, flat_agents, start, stop, bk, both[:, 0], m)
             torch.gt(mk, epsilon, out=mk)
             dk.mul_(mk)  # the kept deltas: d or +-0 (NaN stays NaN, and makes the result NaN: caught below)
             torch.sum(mk, dim=0, out=hk)
