@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import config_text, planner_of
+from helpers import config_text, forbid_count, planner_of
 from mergekit.graph import Task
 
 from mergekit_ram._mergekit import counting, tasks
@@ -154,15 +154,15 @@ def test_the_cache_key_follows_counts_not_the_device(qwen_bf16, monkeypatch, tmp
 
 
 @pytest.mark.quick
-def test_counted_then_from_the_cache_then_not_computed(qwen_bf16, monkeypatch, tmp_path):
+def test_counted_then_from_the_cache(qwen_bf16, monkeypatch, tmp_path):
     monkeypatch.setenv("MERGEKIT_RAM_CACHE", str(tmp_path / "cache"))
     found = [t for _, t in tasks.planned(tasks.of_planner(planner_of(config_text(qwen_bf16, "AB"))), resolves_to_ours)]
-    assert counting.statistics_of(QUIET, found, {}, compute=False) == (None, "not computed")
-    counted, source = counting.statistics_of(QUIET, found, {}, compute=True)
+    counted, source = counting.statistics_of(QUIET, found, {})
     assert source == "computed" and counted is not None
     assert counted.agents == [qwen_bf16.path("A"), qwen_bf16.path("B")]
     assert [t.name for t in counted.tensors] == [t.output_weight.name for t in found]
-    again, source = counting.statistics_of(QUIET, found, {}, compute=False)
+    forbid_count(monkeypatch)  # the second time, no tensor is read
+    again, source = counting.statistics_of(QUIET, found, {})
     assert source == "cache" and again is not None and again.totals() == counted.totals()
     assert statistics.Statistics.from_json(again.agents, again.to_json()).to_json() == counted.to_json()
 

@@ -36,19 +36,16 @@ Identify = Callable[[Any], dict]
 
 
 def statistics_of(
-    options: Any, tasks: list[Any], seen: dict[str, dict], *, compute: bool, identify: Identify | None = None
-) -> tuple[statistics.Statistics | None, str]:
-    """The counts of `tasks` and where they come from: "cache", "computed", or "not computed" (not in
-    the cache, and `compute` is false). `seen`: the inputs' identities, read once (`identify`; default: the
-    model's folder)."""
+    options: Any, tasks: list[Any], seen: dict[str, dict], *, identify: Identify | None = None
+) -> tuple[statistics.Statistics, str]:
+    """The counts of `tasks` and where they come from: "cache" or "computed". `seen`: the inputs' identities, read
+    once (`identify`; default: the model's folder)."""
     agents = [str(m) for m in planned_tasks.agents(tasks[0])]
     digest = cache_key(tasks, seen, identify)
     entry = cache.load(digest) if digest else None
     if digest and entry is not None and covers(entry, agents, tasks):
         LOG.info("ramplus: statistics from cache %s (no tensor read)", digest[:12])
         return statistics.Statistics.from_json(entry["agents"], entry["tensors"]), "cache"
-    if not compute:
-        return None, "not computed"
     stats = statistics.Statistics(agents, count(options, tasks))
     if digest:
         cache.store(digest, agents, stats.to_json())

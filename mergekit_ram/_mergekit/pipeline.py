@@ -78,7 +78,7 @@ def prepare(
     if given is not None:
         counts = given(planned)
     elif needs or not merging or count:
-        counts = counting.statistics_of(plan.options, planned, seen, compute=True, identify=plan.identity)
+        counts = counting.statistics_of(plan.options, planned, seen, identify=plan.identity)
     current.stats, current.source = counts
     if not needs and merging:
         LOG.info("ramplus: r = 0 or rho given for every agent; no statistics pre-pass")
