@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import os  # noqa: E402
 
 import models  # noqa: E402
+import zygote  # noqa: E402
 from reliability import harness as _reliability  # noqa: E402
 
 import mergekit_ram  # noqa: E402,F401  (registers `ramplus` and the pre-pass)
@@ -31,11 +32,33 @@ def pytest_runtest_logreport(report):
 
 def pytest_terminal_summary(terminalreporter):
     _reliability.finish(terminalreporter)
+    if any(zygote.counts.values()):  # this process's (under pytest-xdist the workers' are not summed: none shown)
+        terminalreporter.write_line(
+            f"commands: {zygote.counts['forked']} forked from a warm interpreter, {zygote.counts['started']} started "
+            "for real (tests/zygote.py)"
+        )
 
 
 def pytest_configure(config):
     # mergekit's own import-time noise, not ours
     config.addinivalue_line("filterwarnings", "ignore:numpy.core is deprecated:DeprecationWarning")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _forked_commands():
+    """`subprocess.run` of a console script forks a warm interpreter instead of starting one (tests/zygote.py)."""
+    import subprocess
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(subprocess, "run", zygote.run)
+    yield
+    mp.undo()
+    zygote.stop_all()
+
+
+def pytest_runtest_setup(item):
+    # the tests that check what only a real start shows: the start-up hook, one start per door, ...
+    zygote.real_only = item.get_closest_marker("real_process") is not None
 
 
 @dataclass

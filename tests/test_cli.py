@@ -264,6 +264,7 @@ def test_invalid_r_is_rejected_before_reading_weights(qwen_bf16, tmp_path, capsy
 # ---------------------------------------------------------------- console script
 
 
+@pytest.mark.real_process  # the installed script, started as a user starts it
 def test_console_script(qwen_bf16, tmp_path, capsys):
     exe = Path(sys.executable).parent / "mergekit-ram"
     if not exe.exists():

@@ -58,6 +58,7 @@ def _typo_config(qwen, root: Path) -> Path:
     return _config(qwen, root, {"alhpa": 2.0})
 
 
+@pytest.mark.real_process  # each door's one-line error and exit code from a real start
 def test_mergekit_yaml_prints_one_line_and_v_or_the_variable_the_traceback(qwen_bf16, tmp_path):
     config = _typo_config(qwen_bf16, tmp_path)
     command = [_exe("mergekit-yaml"), str(config), str(tmp_path / "out")]
@@ -68,6 +69,7 @@ def test_mergekit_yaml_prints_one_line_and_v_or_the_variable_the_traceback(qwen_
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.real_process  # each door's one-line error and exit code from a real start
 def test_mergekit_pytorch_prints_one_line(flat_mlp, tmp_path):
     """A nested training checkpoint: the file, the key and what to save instead, in one line."""
     base = tmp_path / "base.pt"
@@ -81,6 +83,7 @@ def test_mergekit_pytorch_prints_one_line(flat_mlp, tmp_path):
     assert f"input file {base} holds a nested dict under 'model'" in message
 
 
+@pytest.mark.real_process  # each door's one-line error and exit code from a real start
 def test_mergekit_multi_prints_one_line(qwen_bf16, tmp_path):
     """The official script's `R` in a ramplus stage: an error saying what to write, not a warning and r = 0.1."""
     config = _config(qwen_bf16, tmp_path, {"R": 0.2}, name="ram")
@@ -115,6 +118,7 @@ def test_run_merge_in_python_raises_a_ram_error_of_one_line(qwen_bf16, run_yaml,
     assert str(info.value) == TYPO and isinstance(info.value, ValueError)
 
 
+@pytest.mark.real_process  # each door's one-line error and exit code from a real start
 def test_inspect_prints_one_line_and_v_the_traceback(qwen_bf16, tmp_path):
     config = _typo_config(qwen_bf16, tmp_path)
     done = _run([_exe("mergekit-ram"), "inspect", str(config)], tmp_path)
