@@ -59,10 +59,15 @@ def _typo_config(qwen, root: Path) -> Path:
 
 
 @pytest.mark.real_process  # each door's one-line error and exit code from a real start
-def test_mergekit_yaml_prints_one_line_and_v_or_the_variable_the_traceback(qwen_bf16, tmp_path):
+def test_mergekit_yaml_prints_one_line(qwen_bf16, tmp_path):
+    config = _typo_config(qwen_bf16, tmp_path)
+    _one_line(_run([_exe("mergekit-yaml"), str(config), str(tmp_path / "out")], tmp_path), "mergekit-yaml", TYPO)
+    assert not (tmp_path / "out").exists()
+
+
+def test_mergekit_yaml_v_or_the_variable_prints_the_traceback(qwen_bf16, tmp_path):
     config = _typo_config(qwen_bf16, tmp_path)
     command = [_exe("mergekit-yaml"), str(config), str(tmp_path / "out")]
-    _one_line(_run(command, tmp_path), "mergekit-yaml", TYPO)
     for done in (_run([*command, "-v"], tmp_path), _run(command, tmp_path, **{errors.TRACEBACK_ENV: "1"})):
         assert done.returncode == 1
         assert "Traceback" in done.stderr and done.stderr.rstrip().endswith(f"RamError: {TYPO}"), done.stderr
@@ -119,11 +124,15 @@ def test_run_merge_in_python_raises_a_ram_error_of_one_line(qwen_bf16, run_yaml,
 
 
 @pytest.mark.real_process  # each door's one-line error and exit code from a real start
-def test_inspect_prints_one_line_and_v_the_traceback(qwen_bf16, tmp_path):
+def test_inspect_prints_one_line(qwen_bf16, tmp_path):
     config = _typo_config(qwen_bf16, tmp_path)
     done = _run([_exe("mergekit-ram"), "inspect", str(config)], tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-1] == f"mergekit-ram inspect: error: {TYPO}"
+
+
+def test_inspect_v_prints_the_traceback(qwen_bf16, tmp_path):
+    config = _typo_config(qwen_bf16, tmp_path)
     verbose = _run([_exe("mergekit-ram"), "inspect", str(config), "-v"], tmp_path)
     assert verbose.returncode == 2 and "Traceback" in verbose.stderr, verbose.stderr
 
