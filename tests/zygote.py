@@ -398,8 +398,9 @@ def _leave(code) -> None:
 
 def _rehome(before: dict, now: dict) -> None:
     """huggingface_hub's import-time reading of HF_HOME, HF_ENDPOINT, HF_HUB_OFFLINE, ... done again for `now`:
-    its `constants` module is re-run, and the copies other modules took of a changed value (`from ..constants
-    import HF_HUB_CACHE`) take the new one."""
+    its `constants` module is re-run, and the copies other modules took of a changed value take the new one: under
+    its name (`from ..constants import HF_HUB_CACHE`), or, for a path or URL, under another (transformers'
+    `TRANSFORMERS_CACHE`, `HUGGINGFACE_CO_RESOLVE_ENDPOINT`), and transformers' `_is_offline_mode` (before 5)."""
     names = {k for k in {*before, *now} if _hub_variable(k)}
     if all(before.get(k) == now.get(k) for k in names):
         return
@@ -419,12 +420,19 @@ def _rehome(before: dict, now: dict) -> None:
         for name, (was, value) in changed.items():
             if name in space and space[name] is was:
                 space[name] = value
+        if module.__name__.startswith("transformers"):
+            paths = {was: value for was, value in changed.values() if isinstance(was, str) and was}
+            for name, held in list(space.items()):
+                if name.isupper() and isinstance(held, str) and held in paths:
+                    space[name] = paths[held]
     api = getattr(sys.modules.get("huggingface_hub.hf_api"), "api", None)  # `list_repo_files` & co. are its methods
     if api is not None and getattr(api, "endpoint", None) == old.get("ENDPOINT"):
         api.endpoint = constants.ENDPOINT
     hub = sys.modules.get("transformers.utils.hub")
     if hub is not None and hasattr(hub, "HF_MODULES_CACHE"):
         hub.HF_MODULES_CACHE = os.getenv("HF_MODULES_CACHE", os.path.join(constants.HF_HOME, "modules"))
+    if hub is not None and hasattr(hub, "_is_offline_mode"):
+        hub._is_offline_mode = constants.HF_HUB_OFFLINE
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
