@@ -279,6 +279,8 @@ def _exactly(stream, size: int) -> bytes | None:
 def _serve() -> None:
     import importlib
 
+    del sys.path[0]  # this file's folder (tests/): a command's sys.path[0] is its own (set in _child)
+
     # what the imports print (a library's warning) every real start prints too: kept, and written by each child
     sys.stderr.flush()
     said = tempfile.TemporaryFile()  # noqa: SIM115 (read back below, the zygote's whole life)
@@ -342,6 +344,7 @@ def _child(request: dict) -> None:
         if kind == "module":  # as `python -m` runs it: sys.argv[0] the module's file, runpy's two frames
             import runpy
 
+            sys.path.insert(0, os.getcwd())
             sys.argv = ["-m", *argv[3:]]
             runpy._run_module_as_main(name, True)
         else:  # the console script's own file, as the interpreter runs it
@@ -350,6 +353,7 @@ def _child(request: dict) -> None:
             main = types.ModuleType("__main__")
             main.__file__ = argv[0]
             sys.modules["__main__"] = main
+            sys.path.insert(0, os.path.dirname(os.path.realpath(argv[0])))
             sys.argv = list(argv)
             with open(argv[0], "rb") as f:
                 code = compile(f.read(), argv[0], "exec")
