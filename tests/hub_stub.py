@@ -291,6 +291,15 @@ class HubStub:
             handler.wfile.write(data)
 
 
+def unreachable_url() -> str:
+    """A loopback URL nothing listens on: every request is refused at once."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{free.getsockname()[1]}"
+
+
 def hub_env(url: str, home: Path, *, offline: bool = False) -> dict:
     """The environment of a process that may reach the stub only: no proxy, no token, no other HF_ setting."""
     env = {k: v for k, v in os.environ.items() if not k.upper().endswith("_PROXY") and not k.startswith("HF_")}

@@ -31,7 +31,7 @@ import pytest
 import reference as R
 import torch
 from helpers import BF16, closed_form, read_stats, rows_by_model, strict_json, validate_schema
-from hub_stub import HubStub, hub_env
+from hub_stub import HubStub, hub_env, unreachable_url
 
 REPOS = {"org/base": ("base",), "org/agent-a": ("A", "C"), "org/agent-b": ("B",)}
 
@@ -175,15 +175,6 @@ def test_the_stub_served_the_documented_endpoints_only(hub):
 
 
 # ---------------------------------------------------------------- offline, cache warm
-
-
-def unreachable_url() -> str:
-    """A loopback URL nothing listens on: every request is refused at once."""
-    import socket
-
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{free.getsockname()[1]}"
 
 
 def network(hub, how: str) -> dict:
@@ -552,11 +543,7 @@ def test_a_repository_that_holds_no_ramplus_merge_is_a_usage_error(hub, publishe
 
 def test_an_unreachable_hub_is_one_line_exit_3_before_torch_loads(hub, tmp_path):
     """No server at HF_ENDPOINT: one line, exit 3, and neither torch nor mergekit imported to say it."""
-    import socket
-
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{free.getsockname()[1]}"  # closed again: connections are refused
+    url = unreachable_url()
     code = (
         "import json, sys\n"
         "from mergekit_ram import cli\n"

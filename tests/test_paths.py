@@ -13,7 +13,6 @@ Every command runs as a user runs it: the console script, in a subprocess, from 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -22,20 +21,12 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from helpers import console_script, finished, read_stats
-from hub_stub import hub_env
+from hub_stub import hub_env, unreachable_url
 
 #: transformers' line mergekit causes at every run, as it prints it (silenced in ramplus merges and our commands)
 QUIET_ABOUT = {"[transformers] `torch_dtype` is deprecated! Use `dtype` instead!"}
 #: the layout of a user's folder: the base and two agents named like hub ids (one slash, no `./`)
 LAYOUT = {"base": "base", "A": "agents/code", "B": "acme/tooler"}
-
-
-def unreachable_url() -> str:
-    """A loopback URL nothing listens on: every request is refused at once."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 def network(tmp_path: Path, how: str) -> dict:

@@ -4,14 +4,13 @@ process (exit code, stdout, stderr, files, a signal's end) is the same, and what
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import zygote
 from helpers import console_script
-from hub_stub import hub_env
+from hub_stub import hub_env, unreachable_url
 
 
 def _both(argv, **kwargs):
@@ -44,9 +43,7 @@ def test_a_forked_command_takes_its_environment_and_folder(tmp_path):
     forked, real = _both([console_script("mergekit-ram"), "--version"], capture_output=True, text=True, env=env)
     assert forked.stdout == real.stdout and "MERGEKIT_RAM_NATIVE=0" in forked.stdout, (forked, real)
     # huggingface_hub read HF_ENDPOINT and HF_HOME when the zygote imported it: a child re-reads them (_rehome)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{free.getsockname()[1]}"  # closed again: connections are refused
+    url = unreachable_url()
     env = hub_env(url, tmp_path / "home")
     forked, real = _both([console_script("mergekit-ram"), "verify", "org/merged"], capture_output=True, text=True,
                          env=env, cwd=tmp_path, timeout=600)  # fmt: skip

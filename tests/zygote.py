@@ -73,7 +73,6 @@ _KNOWN = {
 _real_run = subprocess.run
 _zygotes: dict[tuple, _Zygote] = {}
 _seen: dict[tuple, int] = {}
-_lock = threading.Lock()
 #: set while a test marked `real_process` runs (conftest.py)
 real_only = False
 #: how many of our commands were forked and how many started for real (the summary line of tests/conftest.py)
@@ -120,11 +119,10 @@ def run(*popenargs, **kwargs):
         return _real_run(*popenargs, **kwargs)
     env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
     key = _signature(env)
-    with _lock:
-        _seen[key] = _seen.get(key, 0) + 1
-        zygote = _zygotes.get(key)
-        if zygote is None and _seen[key] >= 2:
-            zygote = _zygotes[key] = _Zygote(env)
+    _seen[key] = _seen.get(key, 0) + 1  # the main thread only (above): no lock
+    zygote = _zygotes.get(key)
+    if zygote is None and _seen[key] >= 2:
+        zygote = _zygotes[key] = _Zygote(env)
     if zygote is None or not zygote.alive():
         counts["started"] += 1
         return _real_run(*popenargs, **kwargs)
