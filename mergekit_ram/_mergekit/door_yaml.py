@@ -15,7 +15,7 @@ from typing import Any
 
 from mergekit_ram import errors, session
 from mergekit_ram._mergekit import counting, planner, surface, tasks
-from mergekit_ram.checks import input_checks, output_checks, paths
+from mergekit_ram.checks import config_checks, input_checks, output_checks, paths
 from mergekit_ram.method import resolves_to_ours
 from mergekit_ram.reporting import report
 from mergekit_ram.session import MergeSession, Mode
@@ -108,7 +108,7 @@ class YamlDoor:
         return tasks.of_planner(planner.plan(self.config, self.options))
 
     def models(self) -> dict[str, Any]:
-        return {self.labels.get(str(m), str(m)): m for m in self.config.referenced_models()}
+        return {self.labels.get(str(m), str(m)): m for m in config_checks.models_in_order(self.config)}
 
     def identity(self, model: Any, seen: dict[str, dict]) -> dict:
         from mergekit.io.tasks import LoaderCache
@@ -125,7 +125,7 @@ class YamlDoor:
     def published(self, plan: tasks.Plan) -> dict[str, Any]:
         from mergekit.io.tasks import LoaderCache
 
-        donor = self.config.base_model or self.config.referenced_models()[0]
+        donor = self.config.base_model or config_checks.models_in_order(self.config)[0]
         return {
             "out_config": plan.out_model_config,
             "merge_config": self.config,
@@ -135,36 +135,19 @@ class YamlDoor:
 
 
 class InConfigOrder:
-    """`config`, read through, but for `referenced_models()`: its models in the config's order (the base first, as
-    mergekit walks them), not a set's. mergekit's card lists them so, and a set's order changes with each process's
-    string hashing (PYTHONHASHSEED): the same merge wrote another README.md."""
+    """`config`, read through, but for `referenced_models()`: its models in the config's order
+    (`config_checks.models_in_order`), not a set's. mergekit's card lists them so: with a set's order the same merge
+    wrote another README.md in each process."""
 
     def __init__(self, config: Any):
-        order = {model: i for i, model in enumerate(dict.fromkeys(_models_in((config.base_model, config))))}
         self._config = config
-        self._models = sorted(config.referenced_models(), key=lambda model: order.get(model, len(order)))
+        self._models = config_checks.models_in_order(config)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._config, name)
 
     def referenced_models(self) -> list[Any]:
         return list(self._models)
-
-
-def _models_in(value: Any) -> list[Any]:
-    """Every model reference in `value` (a config, or anything in it), in the order its fields and lists hold them."""
-    from mergekit.common import ModelReference
-    from pydantic import BaseModel
-
-    if isinstance(value, ModelReference):
-        return [value]
-    if isinstance(value, BaseModel):
-        return [m for key in type(value).model_fields for m in _models_in(getattr(value, key))]
-    if isinstance(value, (list, tuple)):
-        return [m for item in value for m in _models_in(item)]
-    if isinstance(value, dict):
-        return [m for item in value.values() for m in _models_in(item)]
-    return []
 
 
 def _read_config(folder: str) -> Any:
@@ -193,7 +176,7 @@ def pinned(config: Any, recorded: dict, copies: Mapping[str, str]) -> tuple[Any,
 
     identities = {row.model: row.identity for row in record_checks.recorded_inputs(recorded)}
     pins = {}
-    for model in config.referenced_models():
+    for model in config_checks.models_in_order(config):  # the first bad revision named is the config's first
         if model.lora is not None:
             continue
         if str(model) in copies:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from mergekit_ram._mergekit import surface
+from mergekit_ram.checks import config_checks
 
 
 def plan(config: Any, options: Any) -> Any:
@@ -18,7 +19,7 @@ def plan(config: Any, options: Any) -> Any:
     arch_info = get_architecture_info(config, options)
     loaders = LoaderCache()
     loaders.setup(options=options)
-    for model in config.referenced_models():
+    for model in config_checks.models_in_order(config):  # a missing input fails the same way every run
         loaders.get(model)
     out_config = surface.model_out_config(config, arch_info, options)
     planner = MergePlanner(config, arch_info, options=options, out_model_config=out_config)

@@ -240,7 +240,7 @@ def needed(
             size = (last - first) // max(1, _numel(entry.get("shape")))
             ranges[path].update((min(last, first + a * size), min(last, first + b * size)) for a, b in within)
 
-    for file in set(index.values()):
+    for file in sorted(set(index.values())):  # ranges fetched, and a damaged file named, in one order
         add(os.path.join(folder, file))
     for identity in seen.values():
         for path, size in _identity_files(identity):

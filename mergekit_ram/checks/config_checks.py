@@ -33,6 +33,30 @@ def check_config(config: Any, *, parameters: bool = True) -> None:
         _check_parameter_names(config)
 
 
+def models_in_order(config: Any) -> list[Any]:
+    """`config.referenced_models()` in the config's order (the base first, then as its fields and lists hold
+    them). mergekit returns a set's list, whose order follows each process's string hashing (`PYTHONHASHSEED`):
+    anything that names the first bad input, or writes the models down, walks this instead."""
+    order = {model: i for i, model in enumerate(dict.fromkeys(_models_in((config.base_model, config))))}
+    return sorted(config.referenced_models(), key=lambda model: (order.get(model, len(order)), str(model)))
+
+
+def _models_in(value: Any) -> list[Any]:
+    """Every model reference in `value` (a config, or anything in it), in the order its fields and lists hold them."""
+    from mergekit.common import ModelReference
+    from pydantic import BaseModel
+
+    if isinstance(value, ModelReference):
+        return [value]
+    if isinstance(value, BaseModel):
+        return [m for key in type(value).model_fields for m in _models_in(getattr(value, key))]
+    if isinstance(value, (list, tuple)):
+        return [m for item in value for m in _models_in(item)]
+    if isinstance(value, dict):
+        return [m for item in value.values() for m in _models_in(item)]
+    return []
+
+
 def _check_parameter_names(config: Any) -> None:
     shared, per_model = set(params.DEFAULTS), set(params.PER_MODEL)  # the method's, as tests/test_params.py checks
     places: list[tuple[str, dict | None, bool]] = [("parameters", config.parameters, True)]

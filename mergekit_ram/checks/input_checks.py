@@ -11,6 +11,7 @@ from typing import Any
 
 from mergekit_ram import files
 from mergekit_ram.checks import hub_cache, paths
+from mergekit_ram.checks.config_checks import models_in_order
 from mergekit_ram.errors import RamError
 
 LOG = logging.getLogger("mergekit_ram")
@@ -36,7 +37,7 @@ def check_input_paths(config: Any, cache_dir: str | None = None) -> dict[tuple[s
     (offline, unreachable): the merge reads it there (`hub_cache`)."""
     config_dir = paths.config_folder()
     found = {}
-    for model in config.referenced_models():
+    for model in models_in_order(config):  # the first bad input named is the config's first
         for what, path in (("input model", model.model), ("LoRA of input model", model.lora)):
             if path is not None:
                 folder = _check_model_path(what, path.path, path.revision, cache_dir, config_dir)
@@ -100,7 +101,7 @@ def _on_hub(repo: str, revision: str | None) -> tuple[bool | None, str]:
 
 def check_input_files(config: Any) -> None:
     """Refuse local input folders mergekit would fail on obscurely, naming the file."""
-    for model in config.referenced_models():
+    for model in models_in_order(config):  # the first bad input named is the config's first
         path = model.model.path
         if not os.path.isdir(path):
             continue  # a hub id: mergekit resolves (and validates) it

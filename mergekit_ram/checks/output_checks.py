@@ -21,6 +21,7 @@ import re
 import stat
 from typing import Any
 
+from mergekit_ram.checks.config_checks import models_in_order
 from mergekit_ram.errors import RamError
 
 LOG = logging.getLogger("mergekit_ram")
@@ -34,7 +35,7 @@ def check_output(config: Any, out_path: str, hub_cache: str | None = None) -> No
     Hub cache, `check_place`), a path that is a file, or one that cannot be written."""
     check_not_a_file(out_path)
     out = os.path.realpath(out_path)
-    for model in config.referenced_models():
+    for model in models_in_order(config):
         path = model.model.path
         if os.path.isdir(path):
             real = os.path.realpath(path)

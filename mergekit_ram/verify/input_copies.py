@@ -5,8 +5,9 @@ machine, local copies stand for them, their content checked against the recorded
 where they lie, combined as the user likes: `--input RECORDED=LOCAL` (one input, by its recorded name or its
 label), `--inputs-from RECORDED_PARENT=LOCAL_PARENT` (every input recorded under a folder, at the same place
 under another) and `--input-dir DIR` (a folder of copies, each named by its input's label). Each input is
-mapped once at most; a value that maps nothing, or an input mapped twice, is a usage error naming it
-(`NotVerifiable`). Inputs left unmapped are read as recorded (a hub id at its recorded revision).
+mapped once at most; a value that maps nothing, an input mapped twice, or a copy that two inputs would be read
+from is a usage error naming it (`NotVerifiable`). Inputs left unmapped are read as recorded (a hub id at its
+recorded revision).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from mergekit_ram.errors import NotVerifiable
-from mergekit_ram.verify.record_checks import recorded_inputs
+from mergekit_ram.verify.record_checks import Recorded, recorded_inputs
 
 #: what a missing input's line suggests
 HINT = (
@@ -49,7 +50,9 @@ def local_copies(
             raise NotVerifiable(f"--input-dir {folder} holds no copy named by an input's label ({labels})")
         for model, local in held:
             _add(found, model, local, f"--input-dir {folder}")
-    return {model: os.path.abspath(os.path.expanduser(local)) for model, (local, _) in found.items()}
+    copies = {model: (os.path.abspath(os.path.expanduser(local)), option) for model, (local, option) in found.items()}
+    _one_input_each(recorded, copies)
+    return {model: local for model, (local, _) in copies.items()}
 
 
 def _pairs(recorded: dict, given: Iterable[str]) -> dict[str, tuple[str, str]]:
@@ -116,6 +119,28 @@ def _add(found: dict[str, tuple[str, str]], model: str, local: str, option: str)
         was, by = found[model]
         raise NotVerifiable(f"{by} and {option} both map {model} ({was} and {local}): give one local copy")
     found[model] = (local, option)
+
+
+def _one_input_each(recorded: dict, copies: Mapping[str, tuple[str, str]]) -> None:
+    """NotVerifiable (a usage error) when a copy is the place another input is read from: one given for two
+    inputs, through two paths or links, or an input's own recorded folder. mergekit knows a model by its path, so
+    the two would be planned as one model and the verdict would depend on which of them a set yields first
+    (`PYTHONHASHSEED`). Checked in the record's order, the first pair named: the same line every run. Two inputs
+    read as recorded are the merge's own business: only pairs with a copy in them are checked."""
+    read_from: dict[str, tuple[Recorded, str, bool]] = {}  # real path -> (row, where it is read, whether a copy)
+    for row in recorded_inputs(recorded):
+        local, how = copies.get(row.model, (row.model, "as recorded"))
+        if row.model not in copies and not os.path.exists(local):
+            continue  # a hub id, or an input that is gone (its identity check names it)
+        real = os.path.realpath(local)
+        if real in read_from:
+            other, other_how, other_copy = read_from[real]
+            if other_copy or row.model in copies:
+                raise NotVerifiable(
+                    f"inputs {other.label} ({other.model}; {other_how}) and {row.label} ({row.model}; {how}) would "
+                    f"both be read from {real}: mergekit would merge them as one model; give each input its own copy"
+                )
+        read_from.setdefault(real, (row, how, row.model in copies))
 
 
 def _inside(folder: str, path: str) -> bool:
