@@ -9,7 +9,7 @@ The workload (workloads.py) is merged by `mergekit-yaml` (ramplus, bf16) into a 
   half its elements or more passes with a chance of at most `pass_bound[0.5]`);
 - `spread`: a copy with 10 % of one tensor's elements, at random places, moved by one step of bfloat16: the share
   of seeds caught, beside the stated bound for q = 0.1 (`pass_bound[0.1]`: the most it may pass with);
-- `counts`: the counts check alone (`slicing.totals`, the code verify runs) on the honest record and on records
+- `counts`: the counts check alone (`verify.ramplus.totals`, the code verify runs) on the honest record and on records
   whose per-tensor unique counts of one agent are scaled so that its lambda moves by 0.01 (up, and down), with
   the slices counted from the inputs as verify counts them: the share of seeds at which each is caught, and of
   seeds at which the honest one is (a false alarm), beside the shift the verdict says is caught.
@@ -31,7 +31,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import measure
 import torch
@@ -110,10 +109,11 @@ def _rate(what: str, folder: Path, target: str, args, extra: dict) -> dict:
 
 
 def _counts(wl, merged: Path, share: float, seeds: int) -> dict:
-    """The counts check (`slicing.totals`) at each seed, on the honest record and on records moving lambda."""
-    from mergekit_ram._mergekit import slicing
+    """The counts check (`ramplus.totals`) at each seed, on the honest record and on records moving lambda."""
+    from mergekit_ram._mergekit import recompute
     from mergekit_ram.core import kernel, statistics
-    from mergekit_ram.verify import sample
+    from mergekit_ram.files import Headers
+    from mergekit_ram.verify import ramplus, sample
 
     record = json.loads((merged / "ram_stats.json").read_text())
     labels = [row["label"] for row in record["agents"]]
@@ -132,20 +132,19 @@ def _counts(wl, merged: Path, share: float, seeds: int) -> dict:
     said, start, load = "", time.perf_counter(), os.getloadavg()[0]
     for seed in range(seeds):
         drawn = sample.draw({t.name: (t.numel, _row(files, t.name)) for t in honest.tensors}, share, seed)
-        headers: dict = {}
+        headers = Headers()
         counted = {}
         for cut in drawn.slices:
             spans = cut.spans()
-            b = slicing.read(files[("base", cut.name)], cut.name, spans, headers)
-            agents = [slicing.read(files[(a, cut.name)], cut.name, spans, headers) for a in labels]
+            b = recompute.read(files[("base", cut.name)], cut.name, spans, headers)
+            agents = [recompute.read(files[(a, cut.name)], cut.name, spans, headers) for a in labels]
             found = kernel.count(b, agents, measure.RAMPLUS["epsilon"])
             counts = {a: tuple(int(x) for x in found[i]) for i, a in enumerate(labels)}
             counted[cut.name] = statistics.TensorCounts(cut.name, cut.elements, counts)
-        task = SimpleNamespace(parameters=parameters)
-        lines, said = slicing.totals(honest, counted, drawn, task, {})
+        lines, said = ramplus.totals(honest, counted, drawn, parameters, {})
         caught["honest"] += bool(lines)
         for key, sign in (("up", 1), ("down", -1)):
-            caught[key] += bool(slicing.totals(forged[sign], counted, drawn, task, {})[0])
+            caught[key] += bool(ramplus.totals(forged[sign], counted, drawn, parameters, {})[0])
     return {"check": "counts", "seeds": seeds, "caught": caught, "said": said, "agent": agent,
             "lambda_moved": 0.01, "wall_s": round(time.perf_counter() - start, 1), "loadavg_1m": load}  # fmt: skip
 

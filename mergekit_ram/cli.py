@@ -275,14 +275,16 @@ def _verify(
             except errors.Unreadable as error:  # neither a folder here nor a merge the Hub gives: say both
                 raise errors.Unreadable(paths.neither(str(target), errors.said(error))) from error
         from mergekit_ram._mergekit import options as merge_options
-        from mergekit_ram._mergekit import verification
+        from mergekit_ram._mergekit import recompute
+        from mergekit_ram.verify import driver
 
         options = merge_options.merge_options(merge)
         options.apply_global_options()
         with hub.guarded():  # the inputs a hub id names: their answers checked and bounded too
-            outcome = verification.verify(
+            outcome = driver.verify(
                 published.folder if published is not None else str(target),
                 options,
+                recompute.MERGEKIT,
                 trust_remote_code=trust,
                 inputs=inputs,
                 inputs_from=inputs_from,

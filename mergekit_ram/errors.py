@@ -87,7 +87,7 @@ class IncompatibleMergekit(RuntimeError):
 
 
 #: what stops `verify` from checking a folder (its verdict "cannot check", exit 3), as against a usage error
-#: (`NotVerifiable`): the one choice `verification` and the command line both make
+#: (`NotVerifiable`): the one choice verify's driver and the command line both make
 CANNOT_CHECK: tuple[type[BaseException], ...] = (Unreadable, InputError, OSError)
 
 

@@ -1,9 +1,10 @@
 """Files on disk: safetensors headers (read and checked without loading a tensor), checkpoint indexes
 and atomic writes.
 
-One reader of safetensors headers serves the stored-dtype checks and the cache's identity of a
-model folder, one check of a safetensors file (safetensors' own) the input checks, one reader of
-an index's `weight_map` the input checks and the cache; one atomic writer serves `ram_stats.json`
+One reader of safetensors headers (`read_header`, cached per run by `Headers`) serves the stored-dtype
+checks, the cache's identity of a model folder and `verify --sample`'s byte ranges; one table names the
+floating dtypes (`FLOAT_NAMES`); one check of a safetensors file (safetensors' own) serves the input checks,
+one reader of an index's `weight_map` the input checks and the cache; one atomic writer serves `ram_stats.json`
 and the statistics cache.
 """
 
@@ -35,6 +36,8 @@ WIDTHS = {
     "U64": 8,
     "F64": 8,
 }
+#: the floating safetensors dtypes a merge reads and writes -> torch's name of each
+FLOAT_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 MAX_HEADER = 100_000_000  # safetensors' own limit
 
 
@@ -54,6 +57,45 @@ def read_header(path: str) -> tuple[bytes, dict]:
     except ValueError:
         return raw, {}
     return raw, header if isinstance(header, dict) else {}
+
+
+class Headers:
+    """Safetensors headers, each file's read once: planning, a sample's draw, its byte ranges and its slices read
+    the same files' headers, some of them many times."""
+
+    def __init__(self) -> None:
+        self._read: dict[str, tuple[int, dict]] = {}
+
+    def get(self, path: str) -> tuple[int, dict]:
+        """(the offset where the file's data starts, its header); OSError or ValueError as `read_header`."""
+        if path not in self._read:
+            raw, header = read_header(path)
+            self._read[path] = (8 + len(raw), header)
+        return self._read[path]
+
+    def remember(self, path: str, header: dict) -> None:
+        """Hold `header` as the header of `path`, a file that has none (what a PyTorch pickle stores, read another
+        way: `flat.pickled_dtype`)."""
+        self._read[path] = (0, header)
+
+    def known(self, path: str) -> bool:
+        return path in self._read
+
+    def entry(self, path: str, name: str) -> dict:
+        """Tensor `name`'s entry in the header of `path` ({} when the header has none)."""
+        entry = self.get(path)[1].get(name)
+        return entry if isinstance(entry, dict) else {}
+
+    def stored(self, path: str, name: str) -> tuple[str | None, list[int] | None]:
+        """(dtype, shape) of tensor `name` as `path` stores it; (None, None) outside safetensors, for a header that
+        cannot be read, or one that does not say."""
+        if not path.lower().endswith(".safetensors"):
+            return None, None
+        try:
+            entry = self.entry(path, name)
+        except (OSError, ValueError):
+            return None, None
+        return (entry["dtype"], list(entry["shape"])) if entry else (None, None)
 
 
 def check_safetensors(file: str) -> None:

@@ -338,16 +338,16 @@ def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_o
     assert {"target", "as_json", "inputs", "inputs_from", "input_dir", "trust"} <= names
     quiet = [p for p in command.params if "-q" in p.opts or "--quiet" in p.opts]
     assert len(quiet) == 1 and set(quiet[0].opts) == {"-q", "--quiet"}, [p.opts for p in quiet]
-    from mergekit_ram._mergekit import verification
     from mergekit_ram.errors import NotVerifiable
+    from mergekit_ram.verify import driver
 
     seen = {}
 
-    def verify(folder, options, **_kwargs):
+    def verify(folder, options, recomputing, **_kwargs):
         seen.update(options=options)
         raise NotVerifiable("stop here")
 
-    monkeypatch.setattr(verification, "verify", verify)
+    monkeypatch.setattr(driver, "verify", verify)
     with pytest.raises(cli._UsageError):
         command.main(["/nowhere", "--gpu-rich", "-q", "-j", "3"], standalone_mode=False)
     options = seen["options"]
@@ -366,8 +366,8 @@ def test_verify_help_lists_what_changes_verify_grouped(capsys, monkeypatch):
     import re
 
     from mergekit_ram import cli
-    from mergekit_ram._mergekit import verification
     from mergekit_ram.errors import NotVerifiable
+    from mergekit_ram.verify import driver
 
     assert cli.main(["verify", "--help"]) == 0
     text = capsys.readouterr().out
@@ -385,11 +385,11 @@ def test_verify_help_lists_what_changes_verify_grouped(capsys, monkeypatch):
     assert "lora" not in text.lower() and "Hub cache hub ids are read from" in text
     seen = {}
 
-    def verify(folder, options, **_kwargs):
+    def verify(folder, options, recomputing, **_kwargs):
         seen.update(options=options)
         raise NotVerifiable("stop here")
 
-    monkeypatch.setattr(verification, "verify", verify)
+    monkeypatch.setattr(driver, "verify", verify)
     assert cli.main(["verify", "/nowhere", "--lora-merge-cache", "/tmp/lora", "-q"]) == 2  # accepted, silently
     assert seen["options"].lora_merge_cache == "/tmp/lora"
     assert capsys.readouterr().err == "mergekit-ram verify: error: stop here\n"

@@ -3,8 +3,8 @@
 mergekit has two ways in for a merge: `mergekit-yaml` (and `mergekit-multi`, `run_merge`, a `MergePlanner`
 driven by hand), whose inputs are model folders or hub ids (`door_yaml`), and `mergekit-pytorch`, whose
 inputs are single weight files (`door_pytorch`). Everything that differs between them is a `Door`'s; the
-modes are written once over it (`hooks` merges, `inspection` inspects, `verification` verifies) and the
-pipeline they share knows no door (`pipeline.prepare` takes the door's `tasks.Plan`).
+modes are written once over it (`hooks` merges, `inspection` inspects, `recompute` runs a recorded merge again
+for verify) and the pipeline they share knows no door (`pipeline.prepare` takes the door's `tasks.Plan`).
 
 A third door is one new module with a class of this shape, one entry in `DOORS` and, where its config has a type
 of its own, one line in `of_config`.
@@ -64,7 +64,7 @@ class Door(Protocol):
         ...
 
     def published(self, plan: tasks.Plan) -> dict[str, Any]:
-        """What `published.check` needs to judge the files this door writes beside the weights."""
+        """What verify's `other_files.check` needs to judge the files this door writes beside the weights."""
         ...
 
 

@@ -26,7 +26,8 @@ from typing import Any
 
 from mergekit.graph import Task
 
-from mergekit_ram._mergekit.tasks import Plan, Row, Save, header_entry, planned
+from mergekit_ram import files
+from mergekit_ram._mergekit.tasks import Plan, Row, Save, planned
 from mergekit_ram.checks import input_checks
 from mergekit_ram.core import cache
 from mergekit_ram.errors import RamError
@@ -77,11 +78,11 @@ class FlatPlan(Plan):
             for t in self._planned
         ]
 
-    def stored_row(self, task: Any, headers: dict[str, dict]) -> Row:
+    def stored_row(self, task: Any, headers: files.Headers) -> Row:
         stored: dict[str, input_checks.Stored] = {}
         for model, load in task.gather_tensors.tensors.items():
             if _stores(load):  # one that lacks it: settled by the union rule
-                found = header_entry(load.model, load.tensor_name, headers)
+                found = headers.stored(load.model, load.tensor_name)
                 if found is None or found[0] is None:  # a PyTorch pickle: its dtype for the warnings, shape later
                     found = (pickled_dtype(load.model, load.tensor_name, headers), None)
                 stored[str(model)] = found
@@ -221,25 +222,26 @@ def _some(names: list[str], shown: int = 5) -> str:
 
 
 #: torch's floating dtypes by safetensors' names (what the stored-dtype warnings compare)
-_NAMES = {"torch.float64": "F64", "torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16"}
+_NAMES = {f"torch.{name}": code for code, name in files.FLOAT_NAMES.items()}
 
 
-def pickled_dtype(path: str, name: str, headers: dict[str, dict]) -> str | None:
+def pickled_dtype(path: str, name: str, headers: files.Headers) -> str | None:
     """The dtype a PyTorch pickle (zip format, already checked safe by `input_checks`) stores tensor `name` in,
     by safetensors' name, as a header would say it: loaded on the meta device (no tensor data read), once per file
     (`headers`); None when it cannot say (a legacy pickle is not read for this)."""
     import zipfile
 
-    if path not in headers:
-        headers[path] = {}
+    if not headers.known(path):
+        header: dict = {}
         try:
             if zipfile.is_zipfile(path):
                 import torch
 
                 found = torch.load(path, map_location="meta", weights_only=True, mmap=True)
                 if isinstance(found, dict):
-                    headers[path] = {k: {"dtype": _NAMES.get(str(v.dtype), str(v.dtype))} for k, v in found.items()
-                                     if isinstance(v, torch.Tensor)}  # fmt: skip
+                    tensors = {k: v for k, v in found.items() if isinstance(v, torch.Tensor)}
+                    header = {k: {"dtype": _NAMES.get(str(v.dtype), str(v.dtype))} for k, v in tensors.items()}
         except Exception:  # the input checks and mergekit name a file they cannot read
-            headers[path] = {}
-    return headers[path].get(name, {}).get("dtype")
+            header = {}
+        headers.remember(path, header)
+    return headers.entry(path, name).get("dtype")

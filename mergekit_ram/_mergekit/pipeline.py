@@ -8,7 +8,7 @@ the cache (`counting`), hands each merge task its agents' rho and keeps the repo
 
 It knows no door: `prepare` works on a `tasks.Plan`, a `MergePlanner`'s (`door_yaml`) or the task list
 of `mergekit-pytorch`'s `plan_flat_merge` (`door_pytorch`), in whatever mode the session runs: `hooks`
-merges through either door, `inspection` and `verification` plan downhill themselves and call `prepare`.
+merges through either door, `inspection` and `recompute` (verify) plan downhill themselves and call `prepare`.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def prepare(
         return
     found = tasks.round_once_to_out_dtype(plan, found)
     planned = [task for _, task in found]
-    headers: dict[str, dict] = {}  # each file's header, read once
+    headers = files.Headers()
     rows = [plan.stored_row(task, headers) for task in planned]
     input_checks.check_stored_tensors(rows)
     tasks.warn_stored_dtypes(plan.config, rows)

@@ -58,7 +58,7 @@ class Plan:
         """Plan `task` for the tensor at `index` instead."""
         raise NotImplementedError
 
-    def stored_row(self, task: Any, headers: dict[str, dict]) -> Row:
+    def stored_row(self, task: Any, headers: files.Headers) -> Row:
         """What `input_checks.check_stored_tensors` needs of one task (`headers`: each file's header, read once)."""
         raise NotImplementedError
 
@@ -91,7 +91,7 @@ class _PlannerPlan(Plan):
     def replace(self, index: int, task: Any) -> None:
         surface.replace_planned(self.planner, index, task)
 
-    def stored_row(self, task: Any, headers: dict[str, dict]) -> Row:
+    def stored_row(self, task: Any, headers: files.Headers) -> Row:
         from mergekit.io.tasks import GatherTensors, LoaderCache
 
         stored = {
@@ -220,10 +220,10 @@ def _weight_infos(task: Any) -> dict[Any, Any]:
     return dict(infos.items()) if hasattr(infos, "items") else {}
 
 
-def _stored(index: Any, weight: Any, headers: dict[str, dict]) -> input_checks.Stored:
+def _stored(index: Any, weight: Any, headers: files.Headers) -> input_checks.Stored:
     """(dtype, shape) of a weight as stored (None, None outside safetensors); None when absent."""
     found = _located(index, weight)
-    return None if found is None else header_entry(*found, headers)
+    return None if found is None else headers.stored(*found)
 
 
 def _located(index: Any, weight: Any) -> tuple[str, str] | None:
@@ -233,20 +233,6 @@ def _located(index: Any, weight: Any) -> tuple[str, str] | None:
         if path is not None:
             return (path if os.path.isabs(path) else os.path.join(index.base_path, path)), name
     return None
-
-
-def header_entry(path: str, name: str, headers: dict[str, dict]) -> input_checks.Stored:
-    """(dtype, shape) of tensor `name` in the file at `path` from its safetensors header, read once per file
-    (`headers`); (None, None) outside safetensors or when the header does not say."""
-    if not path.lower().endswith(".safetensors"):
-        return None, None
-    if path not in headers:
-        try:
-            headers[path] = files.read_header(path)[1]
-        except (OSError, ValueError):
-            headers[path] = {}
-    info = headers[path].get(name)
-    return (info["dtype"], list(info["shape"])) if isinstance(info, dict) else (None, None)
 
 
 def warn_stored_dtypes(config: Any, rows: Sequence[Row]) -> None:

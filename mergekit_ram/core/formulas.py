@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 
-def rho(shared: int, unique: int) -> float:
+def rho(shared: float, unique: float) -> float:
     """Eq. 2: shared / unique entries of one agent; +inf when it has no unique entry."""
     return shared / unique if unique else math.inf
 

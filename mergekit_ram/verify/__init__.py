@@ -1,8 +1,18 @@
 """verify's own modules: a finished merge's folder judged against what its record makes.
 
-Here live the judging on plain data (`bitwise`, `record_checks`, `published_checks`, `verdict`), a stranger's folder
-read safely (`folder_checks`, `loader_files`), the user's copies of recorded inputs (`input_copies`) and the Hub
-(`hub`). They may import `checks`, `reporting`, `core` and the shared top-level modules (`errors`, `files`,
-`session`); never the seam. No merge code imports them: only the CLI, the doors (which read a record) and the seam's
-verify mode (`verification`, `rerun`, `published`) do (`tests/test_layout.py`).
+- `driver`: `mergekit-ram verify`'s spine, from the folder's record to the verdict;
+- `recompute`: what verify needs of mergekit, as an interface (the seam's `_mergekit/recompute.py` implements it
+  and the CLI passes it in);
+- `ramplus`: what verify checks of a `ramplus` merge beyond its weights (its statistics, rho and lambda, the counts
+  against a sample's slices, the card's RAM+ section);
+- `other_files`: the folder's files beside the weights (config, card, tokenizer, code, adapters);
+- `bitwise`, `record_checks`, `published_checks`, `verdict`: the judging, on plain data;
+- `folder_checks`, `loader_files`: a stranger's folder read safely, and which files each loader reads;
+- `input_copies`: the user's copies of recorded inputs;
+- `sample`: `--sample`'s draw and what passing it says; `ranged`: its bytes read by HTTP ranges;
+- `hub`: a merge, or an input, on the Hugging Face Hub.
+
+They may import `checks`, `reporting`, `core` and the shared top-level modules (`errors`, `files`, `session`);
+never the seam. No merge code imports them: only the CLI, the doors (which read a record) and the seam's
+`recompute` do (`tests/test_layout.py`).
 """

@@ -1,7 +1,8 @@
 """Which files of a folder each loader reads, for `mergekit-ram verify`: on plain data, knowing nothing of mergekit.
 
 mergekit's, transformers' and transformers' without safetensors choice of weight files (`loader_choices`), the
-weight files an index names (`weight_files`), the pickled ones among them (`pickles`), the files beside them each
+weight files an index names (`weight_files`) and those it names but the folder lacks, or twice (`absent_shards`),
+the pickled ones among them (`pickles`), the files beside them each
 loader reads (`beside`: the config, a PEFT adapter (`ADAPTER`), the tokenizer's files mergekit copies (`COPIED`)),
 and code (`is_code`). Every file is read through `folder_checks` (regular files inside the folder only), and
 `check_files` checks each of them before anything opens one. `published_checks` compares what they hold with what
@@ -10,11 +11,12 @@ the merge makes.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 
 from mergekit_ram.errors import Unreadable
-from mergekit_ram.verify.folder_checks import check_entries, checked_path, leaves, read_json
+from mergekit_ram.verify.folder_checks import JSON_LIMIT, check_entries, checked_path, leaves, read_bytes, read_json
 
 #: the weight files each loader looks for, in its order: (mergekit's from_disk, transformers' from_pretrained)
 SINGLE = ("model.safetensors", "pytorch_model.bin")
@@ -116,3 +118,28 @@ def pickles(folder: str, choices: Mapping[str, str]) -> list[str]:
     names = {n for choice in choices.values() for n in ([choice] if not choice.endswith(".json") else
              weight_files(folder, choice))}  # fmt: skip
     return sorted(os.path.join(folder, n) for n in names if not n.endswith(".safetensors"))
+
+
+def absent_shards(folder: str) -> list[str]:
+    """One line per weight file an index of `folder` names that the folder does not hold (plain absence: no link,
+    nothing opened), and per tensor an index names twice (JSON keeps the last: a sample would read one of two)."""
+    out = []
+    for choice in sorted(set(loader_choices(folder).values())):
+        if choice.endswith(".index.json"):
+            names = weight_files(folder, choice)
+            absent = [name for name in names if not os.path.lexists(os.path.join(folder, name))]
+            out += [f"{name}: {choice} names it, the folder does not hold it" for name in absent]
+            out += [f"{name}: {choice} names it twice" for name in _twice(folder, choice)]
+    return out
+
+
+def _twice(folder: str, choice: str) -> list[str]:
+    """The keys of an index's `weight_map` that it holds more than once."""
+    seen: list[list[str]] = []
+
+    def pairs(items: list) -> dict:
+        seen.append([str(key) for key, _ in items])
+        return dict(items)
+
+    json.loads(read_bytes(folder, choice, JSON_LIMIT), object_pairs_hook=pairs)
+    return sorted({key for keys in seen for key in keys if keys.count(key) > 1})

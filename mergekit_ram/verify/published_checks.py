@@ -1,5 +1,5 @@
 """What a folder `mergekit-ram verify` is given publishes, against what its merge makes: on plain data, knowing
-nothing of mergekit (`_mergekit/published.py` runs the merge again and calls these).
+nothing of mergekit (`other_files` and `ramplus` call these once the merge has run again).
 
 `ram_stats.json`'s statistics against the recomputed report (`report_differences`: exactly, but the diagnostics'
 float sums to `SUM_TOLERANCE` of their size), `config.json` against the config the merge writes

@@ -3,7 +3,7 @@
 config's plan and the recomputed rho against the record, an input's recorded identity against the one
 found, and the installed versions against the recorded ones.
 
-Knows nothing of mergekit (`_mergekit/verification.py` plans and recomputes; `verdict` holds the outcome).
+Knows nothing of mergekit (the seam's `_mergekit/recompute.py` plans and recomputes; `verdict` holds the outcome).
 """
 
 from __future__ import annotations

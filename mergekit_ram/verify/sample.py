@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import random
 import secrets
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 
 #: the shares of differing elements the verdict states the bound for
@@ -259,3 +259,20 @@ def _percent(value: float) -> str:
     if value == 0:
         return "0 %"
     return f"{100 * value:.2g} %" if value < 0.1 else f"{100 * value:.0f} %"
+
+
+def bytes_read(spans: Mapping[str, set[tuple[int, int]]], elsewhere: Container[str] = ()) -> int:
+    """The bytes `spans` (file -> byte spans a sample reads) cover, each once, but in the files `elsewhere` counts
+    (fetched by ranges)."""
+    return sum(_covered(found) for path, found in spans.items() if path not in elsewhere)
+
+
+def _covered(spans: set[tuple[int, int]]) -> int:
+    """The bytes the union of `spans` covers."""
+    total, end = 0, 0
+    for start, stop in sorted(spans):
+        start = max(start, end)
+        if stop > start:
+            total += stop - start
+            end = stop
+    return total

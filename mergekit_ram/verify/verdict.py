@@ -2,7 +2,7 @@
 `dumps`), its exit codes and the `--json` schema. The comparison itself is `bitwise.compare`; the checks of
 what a folder records are `record_checks`'. Users import each name from its own module.
 
-Knows nothing of mergekit (`_mergekit/verification.py` plans and recomputes; this module judges).
+Knows nothing of mergekit (the seam's `_mergekit/recompute.py` plans and recomputes; this module judges).
 
 JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/verify", format_version 3 (2 had
 `result` "identical" for a sample too):

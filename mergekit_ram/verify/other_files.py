@@ -2,7 +2,7 @@
 (`refusal`), and the files beside the weights, once the merge has run again (`check`).
 
 Every file a loader reads is checked, or makes the verdict "differs": `ram_stats.json`'s statistics and the
-card's RAM+ section against the recomputed report; `config.json` against the config mergekit writes for the
+card's RAM+ section against the recomputed report (`ramplus`); `config.json` against the config mergekit writes for the
 planned merge (`_model_out_config`, as the planner holds it); the tokenizer, chat template and generation
 config files against the base's when mergekit copies them byte for byte; the weight files another loader
 reads when they are not those mergekit reads (a single file beside an index, pickles beside safetensors). A
@@ -19,13 +19,10 @@ import os
 from typing import Any
 
 from mergekit_ram.checks import input_checks, output_checks
-from mergekit_ram.reporting import card, report, versions
-from mergekit_ram.verify import folder_checks, loader_files, published_checks, record_checks, verdict
+from mergekit_ram.verify import folder_checks, loader_files, published_checks, ramplus, record_checks, verdict
 
 #: files verify reads to plan and compare (checked on their own)
 RECORDS = (output_checks.STATS_FILE, record_checks.CONFIG_FILE)
-#: at most this many differing leaves of ram_stats.json are named
-SHOWN = 5
 
 
 def refusal(folder: str) -> str | None:
@@ -76,7 +73,7 @@ def check(
     found, seen = published_checks.other_view_differences(folder, choices)
     outcome.files += found
     outcome.checked += [f"{line} (the same tensors)" for line in seen]
-    _statistics(folder, recorded, recomputed, outcome)
+    ramplus.check_statistics(recorded, recomputed, outcome)
     present = loader_files.beside(folder)
     covered |= set(present)
     adapter = [name for name in present if name in loader_files.ADAPTER]
@@ -88,11 +85,11 @@ def check(
     if out_config is not None:
         _config(folder, out_config, merge_config, outcome)
         covered.add("README.md")
-        _card(folder, recorded, outcome)
+        ramplus.check_card(folder, recorded, outcome)
     elif "config.json" in present:
         outcome.files.append(f"config.json: {NOT_WRITTEN} (mergekit-pytorch writes none)")
-    _copied(folder, [name for name in present if name not in adapter and name != "config.json"], merge_config,
-            donor, outcome)  # fmt: skip
+    others = [name for name in present if name not in adapter and name != "config.json"]
+    _copied(folder, others, merge_config, donor, outcome)
     rest = [name for name in folder_checks.files_under(folder) if name not in covered]
     _code(folder, [name for name in rest if loader_files.is_code(name)], donor if code else None, outcome)
     rest = [name for name in rest if not loader_files.is_code(name)]
@@ -117,69 +114,6 @@ def _code(folder: str, found: list[str], donor: str | None, outcome: verdict.Out
 
 #: what verify says of a file a loader reads that the merge does not write
 NOT_WRITTEN = "a loader reads it, and the merge writes none"
-
-
-def _statistics(folder: str, recorded: dict, recomputed: dict, outcome: verdict.Outcome) -> None:
-    """ram_stats.json against the report of the merge run again (one of an older format read in the current
-    format's shape, `labels.upgraded`: its keys the format lacks are notes)."""
-    format_version = recorded.get("format_version")
-    older = isinstance(format_version, int) and format_version < report.FORMAT_VERSION
-    recomputed = {**recomputed, "format_version": format_version} if older else recomputed
-    found = published_checks.report_differences(recorded, json.loads(report.dumps(recomputed)))
-    was = (recorded.get("versions") or {}).get("mergekit-ram") if isinstance(recorded.get("versions"), dict) else None
-    now = versions.installed("mergekit-ram")
-    if (was and was != now) or older:  # another mergekit-ram writes other keys: only a differing value differs
-        keys = [line for line in found if line.endswith((" lacks it", " the merge does not"))]
-        written = (
-            f"format_version {format_version}, read as {report.FORMAT_VERSION}"
-            if older
-            else f"written by mergekit-ram {was}; {now} is installed"
-        )
-        outcome.notes += [f"ram_stats.json: {line} ({written})" for line in keys]
-        found = [line for line in found if line not in keys]
-    shown = [f"ram_stats.json: {line}" for line in found[:SHOWN]]
-    if len(found) > SHOWN:
-        shown.append(f"ram_stats.json: {len(found) - SHOWN} more value(s) differ from the recomputed ones")
-    outcome.files += shown
-    if not found and outcome.sample is not None:  # `verify --sample`: the totals from the recorded per-tensor counts
-        outcome.checked.append(
-            "ram_stats.json's statistics against its per-tensor counts (the per-agent totals, densities, rho, lambda "
-            "and pairs they sum to); each tensor's counts against its slice's"
-        )
-    elif not found:
-        outcome.checked.append(
-            "ram_stats.json's statistics (recomputed: counts, densities, rho, lambda, diagnostics; their float sums "
-            f"to {published_checks.SUM_TOLERANCE:g} of their size, as kernels add in other orders)"
-        )
-
-
-def _card(folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
-    """The card holds exactly one RAM+ section, outside comments, code and HTML, the one a merge of this report
-    writes (`published_checks.card_problem`)."""
-    if not os.path.lexists(os.path.join(folder, "README.md")):
-        outcome.not_checked.append("the model card (no README.md)")
-        return
-    text = folder_checks.read_bytes(folder, "README.md").decode("utf-8", errors="replace")
-    if recorded.get("format_version") != report.FORMAT_VERSION:  # another mergekit-ram's section, not rebuilt
-        outcome.not_checked.append(
-            f"the card's RAM+ section (ram_stats.json is format_version {recorded.get('format_version')}, whose "
-            "section this mergekit-ram does not write)"
-        )
-        return
-    try:
-        section = card.card_section(recorded)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        outcome.files.append("README.md: ram_stats.json cannot make its RAM+ section (its versions are damaged)")
-        return
-    problem = published_checks.card_problem(text, section)
-    if problem is None:
-        outcome.checked.append("the card's RAM+ section")
-    else:
-        outcome.files.append(f"README.md: {problem}")
-    lineage = published_checks.front_matter_problems(text, card.front_matter(recorded))
-    outcome.files += [f"README.md: {line}" for line in lineage]
-    if not lineage:
-        outcome.checked.append("the card's front matter (base_model, base_model_relation, tags)")
 
 
 def _config(folder: str, out_config: Any, merge_config: Any, outcome: verdict.Outcome) -> None:
@@ -263,8 +197,12 @@ def _copied(folder: str, present: list[str], merge_config: Any, donor: str | Non
     outcome.files += [f"{name}: not the base's ({donor}), which the merge copies" for name in differ]
     if same:
         outcome.checked.append(f"{', '.join(same)} (copies of the base's)")
-    outcome.files += [
-        f"{name}: {NOT_WRITTEN} (it copies the base's tokenizer files, and {donor} has no {name})"
-        if name in loader_files.COPIED else f"{name}: {NOT_WRITTEN} (it copies no named chat template)"
-        for name in present if name not in same and name not in differ
-    ]  # fmt: skip
+    for name in present:
+        if name in same or name in differ:
+            continue
+        if name in loader_files.COPIED:
+            outcome.files.append(
+                f"{name}: {NOT_WRITTEN} (it copies the base's tokenizer files, and {donor} has no {name})"
+            )
+        else:
+            outcome.files.append(f"{name}: {NOT_WRITTEN} (it copies no named chat template)")

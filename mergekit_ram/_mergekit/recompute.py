@@ -1,0 +1,462 @@
+"""`verify`'s recompute interface (`verify.recompute`) on mergekit: a recorded merge planned through its door and
+run again, each tensor compared where mergekit would save it, or slice by slice for a sample.
+
+`open` builds the door the record names (`door.of_record`: `mergekit_config.yml`, or mergekit-pytorch's recorded
+config) and holds its session while verify plans (`Merge.planned`, mergekit's planner, downhill) and counts again
+(`pipeline.prepare`, rho never read from the statistics cache). `Merge.compare` runs the plan on the executor
+`run_merge` would use, a `CompareTensor` where mergekit plans a `SaveTensor` (cast to its dtype): it compares with
+the published tensor (`PublishedTensor`, read through mergekit's loader), so the executor holds what a merge holds
+(less: no output shard is buffered). For `--sample`, `Merge.compare_slices` runs each drawn tensor's own merge task
+on the drawn elements of its inputs, read by byte ranges: a ramplus output entry depends only on the same entry of
+the inputs and on lambda, so `ExecuteMergeMethodTask.execute` given flat slices computes exactly those entries of
+the merged tensor (the same dtype alignment, method, rounding and cast as a merge). A task is sliced only where that
+holds (`_whole`): its inputs are read as stored (`GatherTensors`, or mergekit-pytorch's plain loads), from
+safetensors files, under the output's name or an alias, every input holding it in one shape; anything else (a
+vocabulary mapped by row through a union tokenizer, a pickled input, a tensor copied or converted under another
+name) is checked whole, and the verdict says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Collection, Iterator, Mapping
+from typing import Any
+
+from mergekit.graph import Task
+
+from mergekit_ram import errors, files
+from mergekit_ram._mergekit import counting, door, loading, pipeline, surface, tasks
+from mergekit_ram.core import cache, statistics
+from mergekit_ram.errors import InputError, NonFiniteResultError
+from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
+from mergekit_ram.session import Mode, active
+from mergekit_ram.verify import bitwise, recompute, record_checks, sample, verdict
+
+
+class PublishedTensor(Task[Any]):
+    """One tensor as the folder holds it (None when the folder has none of that name; a str says why it
+    cannot be read), read through mergekit's loader as the model's users read it."""
+
+    folder: str
+    name: str
+    label: str | None = None
+
+    def arguments(self):
+        return {}
+
+    def group_label(self) -> str | None:
+        return self.label  # beside the merge of the same tensor
+
+    def priority(self) -> int:
+        return -2000  # after the merge task of its group: held for the shortest time
+
+    def execute(self, **_kwargs) -> Any:
+        try:
+            return _published(self.folder).get_tensor(self.name, raise_on_missing=False)
+        except Exception as error:
+            return f"{type(error).__name__}: {errors.said(error)[:300]}"
+
+
+class CompareTensor(Task[Any]):
+    """Where mergekit would save a tensor (`SaveTensor`: cast to its dtype), compare it with the published one."""
+
+    name: str
+    tensor_task: Task
+    published: PublishedTensor
+    optional: bool = False
+    dtype: str | None = None
+
+    def arguments(self):
+        return {"tensor": self.tensor_task, "published": self.published}
+
+    def group_label(self) -> str | None:
+        return self.tensor_task.group_label()
+
+    def priority(self) -> int:
+        return 1000  # as SaveTensor
+
+    def execute(self, tensor: Any, published: Any, **_kwargs) -> bitwise.Difference | None:
+        from mergekit.common import dtype_from_name
+
+        if isinstance(published, str):
+            return bitwise.Difference(self.name, "unreadable", detail=published)
+        if tensor is None and not self.optional:
+            raise RuntimeError(f"No value for required tensor {self.name}")  # as SaveTensor
+        if tensor is not None and self.dtype:
+            tensor = tensor.to(dtype=dtype_from_name(self.dtype))
+        if tensor is None and published is None:
+            return None  # an optional tensor no input holds: neither written nor published
+        return bitwise.compare(self.name, tensor, published)
+
+
+def _published(folder: str) -> Any:
+    """mergekit's loader of the folder's weights (one per folder, as for an input model)."""
+    from mergekit.io.tasks import LoaderCache
+
+    return LoaderCache().get(_reference(folder))
+
+
+def _reference(folder: str) -> Any:
+    from mergekit.common import ModelPath, ModelReference
+
+    return ModelReference(model=ModelPath(path=folder))
+
+
+def _published_index(folder: str) -> dict[str, str]:
+    """tensor -> file, as a loader reads the folder's weights (checked before any input is read)."""
+    try:
+        return dict(_published(folder).index.tensor_paths)
+    except Exception as error:
+        why = record_checks.damaged_weight_file(folder) or errors.said(error)[:300]
+        raise InputError(f"the weights in {folder} cannot be read: {why}") from error
+
+
+class Mergekit:
+    """`verify.recompute.Recompute` on mergekit 0.1.5 (the one instance: `MERGEKIT`)."""
+
+    def check_method(self) -> None:
+        refuse_foreign(NAME)
+
+    def missing(self, entry_point: str | None) -> list[str]:
+        names = door.DOORS.get(str(entry_point), door.DOORS["run_merge"]).names
+        return surface.problems(surface.PREPASS) + surface.problems(names) + surface.problems(surface.VERIFY)
+
+    @contextlib.contextmanager
+    def open(
+        self, folder: str, recorded: dict, record: dict, options: Any, copies: Mapping[str, str]
+    ) -> Iterator[MergekitMerge]:
+        loading.install()
+        through = door.of_record(folder, recorded, record, options, dict(copies))
+        surface.forget_loaders([_reference(folder)])  # read as the files are now
+        merge = MergekitMerge(through, folder, recorded)
+        with active(merge.session):
+            try:
+                pipeline.check_config(merge.session)
+            except ValueError as error:
+                raise InputError(f"{through.where}: {error}") from error
+            try:
+                through.check_files()  # before anything opens one: no FIFO or device is read
+            except ValueError as error:
+                raise errors.Unreadable(str(error)) from error
+            yield merge
+
+
+MERGEKIT = Mergekit()
+
+
+class MergekitMerge:
+    """`verify.recompute.Merge` through one of mergekit's doors (`door.Door`)."""
+
+    def __init__(self, through: door.Door, folder: str, recorded: dict):
+        self.through, self.folder, self.recorded = through, folder, recorded
+        self.labels, self.planned_from = through.labels, through.planned_from
+        self.index = _published_index(folder)
+        self.names = record_checks.recorded_labels(recorded, through.labels)
+        self.session = through.session(Mode.VERIFY, labels=self.names)
+        self.headers = files.Headers()
+        self._models = through.models()
+        self._plan: tasks.Plan | None = None
+
+    @property
+    def plan(self) -> tasks.Plan:
+        if self._plan is None:
+            self._plan = self.through.plan()
+        return self._plan
+
+    def identity(self, name: str, seen: dict[str, dict]) -> dict | None:
+        model = self._models.get(name)
+        return None if model is None else self.through.identity(model, seen)
+
+    def planned(self) -> dict:
+        try:
+            found = pipeline.plan_report(self.plan, self.names)
+        except (OSError, ValueError) as error:
+            raise InputError(errors.said(error)) from error
+        return record_checks.as_recorded(found, self.labels)
+
+    def prepare(self, seen: dict[str, dict], given: recompute.Given | None, count: bool) -> tuple[dict, Any, str]:
+        def recorded(planned: list[Any]) -> tuple[statistics.Statistics | None, str]:
+            assert given is not None
+            agents = [str(m) for m in tasks.agents(planned[0])]
+            epsilons = {t.output_weight.name: t.parameters["epsilon"] for t in planned}
+            return given(agents, epsilons, bool(tasks.needing_rho(planned)))
+
+        try:
+            pipeline.prepare(self.plan, self.session, seen, None if given is None else recorded, count=count)
+        except (OSError, ValueError) as error:
+            raise InputError(errors.said(error)) from error
+        assert self.session.report is not None
+        return self.session.report, self.session.stats, self.session.source
+
+    def _ours(self) -> list[Any]:
+        return [task for _, task in tasks.planned(self.plan, resolves_to_ours)]
+
+    def parameters(self, name: str) -> Mapping[str, Any]:
+        return next(task.parameters for task in self._ours() if task.output_weight.name == name)
+
+    def shapes(self) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+        shapes, whole = {}, {}
+        for name, task, _optional, _dtype in self.plan.saves():
+            shape = self._planned_shape(task, name)
+            shapes[name] = (_numel(shape), _numel(list(shape or [1])[1:]))
+            why = self._whole(task)
+            if why is not None:
+                whole[name] = why
+        return shapes, whole
+
+    def _planned_shape(self, task: Any, name: str) -> list[int] | None:
+        """The shape of tensor `name` as the merge plans it: its inputs' (`_input_shape`), else the published
+        header's, else None."""
+        shape = self._input_shape(task)
+        if shape is None and name in self.index:
+            shape = self.headers.stored(os.path.join(self.folder, self.index[name]), name)[1]
+        return shape
+
+    def _input_shape(self, task: Any) -> list[int] | None:
+        """The shape of the tensor a merge task reads from its base (else its first input), from the file's header;
+        None where mergekit hands the task other rows than the inputs store (`Plan.reshapes`)."""
+        if self.plan.reshapes(task):
+            return None
+        try:
+            found = self.plan.sources(task)
+        except Exception:  # a task that reads no input (a copied buffer's wrapper): the published header says
+            return None
+        base = str(getattr(task, "base_model", ""))
+        for model in sorted(found, key=lambda m: m != base):
+            shape = self.headers.stored(*found[model])[1]
+            if shape is not None:
+                return shape
+        return None
+
+    def _whole(self, task: Any) -> str | None:
+        """Why the tensor `task` makes cannot be recomputed slice by slice (None: it can)."""
+        from mergekit.io.tasks import GatherTensors
+        from mergekit.merge_methods.task_adapter import ExecuteMergeMethodTask, TensorDictWrapper
+
+        if not isinstance(task, ExecuteMergeMethodTask) or not resolves_to_ours(task.method_name):
+            return f"made by {type(task).__name__}, not by a ramplus merge task"
+        gather = task.gather_tensors
+        if not isinstance(gather, (GatherTensors, TensorDictWrapper)):
+            return f"mergekit maps its rows ({type(gather).__name__}: a vocabulary aligned through the tokenizer)"
+        try:
+            found = self.plan.sources(task)
+        except Exception as error:
+            return f"its inputs cannot be located ({type(error).__name__})"
+        if len(found) != len(task.model_order):
+            return "an input does not store it under its name (mergekit loads it tied, converted or not at all)"
+        if any(not path.lower().endswith(".safetensors") for path, _ in found.values()):
+            return "an input is a pickle, which has no byte ranges"
+        stored = {tuple(self.headers.stored(path, name)[1] or ()) for path, name in found.values()}
+        if len(stored) != 1 or not next(iter(stored)):
+            return "its inputs store it in different shapes (the merge names the mismatch)"
+        return None
+
+    def needed(self, drawn: sample.Sample, seen: dict[str, dict]) -> recompute.Spans:
+        ranges: recompute.Spans = {}
+
+        def add(path: str, name: str | None = None, within: list[tuple[int, int]] | None = None) -> None:
+            path = os.path.realpath(path)
+            if not path.endswith(".safetensors"):
+                ranges.setdefault(path, set()).add((0, os.path.getsize(path)))
+                return
+            start, _ = self.headers.get(path)
+            ranges.setdefault(path, set()).add((0, start))
+            entry = self.headers.entry(path, name) if name is not None else {}
+            if len(entry.get("data_offsets") or ()) == 2:
+                first, last = start + int(entry["data_offsets"][0]), start + int(entry["data_offsets"][1])
+                if within is None:  # the whole tensor
+                    ranges[path].add((first, last))
+                    return
+                size = (last - first) // max(1, _numel(entry.get("shape")))
+                ranges[path].update((min(last, first + a * size), min(last, first + b * size)) for a, b in within)
+
+        for file in sorted(set(self.index.values())):  # ranges fetched, and a damaged file named, in one order
+            add(os.path.join(self.folder, file))
+        for identity in seen.values():
+            for path, size in _identity_files(identity):
+                add(path)
+                for start in cache.sample_offsets(size):
+                    ranges.setdefault(os.path.realpath(path), set()).add((start, min(size, start + cache.SAMPLE)))
+        cuts = {s.name: s for s in drawn.slices}
+        for name, task, _optional, _dtype in self.plan.saves():
+            cut = cuts.get(name)
+            if cut is None:
+                continue
+            within = None if cut.whole is not None else cut.spans()
+            if name in self.index:
+                add(os.path.join(self.folder, self.index[name]), name, within)
+            try:
+                found = self.plan.sources(task)
+            except Exception:
+                continue
+            for path, tensor in found.values():
+                add(path, tensor, within)
+        return ranges
+
+    def compare_slices(self, drawn: sample.Sample, outcome: verdict.Outcome) -> dict[str, statistics.TensorCounts]:
+        from mergekit.common import dtype_from_name
+
+        slices = {s.name: s for s in drawn.slices if s.whole is None}
+        counted: dict[str, statistics.TensorCounts] = {}
+        for name, task, _optional, dtype in self.plan.saves():
+            cut = slices.get(name)
+            if cut is None:
+                continue
+            if name not in self.index:
+                outcome.add(bitwise.Difference(name, "missing"))
+                continue
+            spans, found, inputs = cut.spans(), self.plan.sources(task), {}
+            for model in task.model_order:
+                tensor = read(*found[str(model)], spans, self.headers)
+                wanted = dtype_from_name(_cast(task, model))
+                inputs[model] = tensor if wanted is None else tensor.to(dtype=wanted)
+            published = os.path.join(self.folder, self.index[name])
+            planned = [int(n) for n in _entry(*found[str(task.base_model)], self.headers)["shape"]]
+            mismatch = _published_mismatch(published, name, planned, dtype, self.headers)
+            if mismatch is not None:
+                outcome.add(mismatch)
+                continue
+            try:
+                merged = task.execute(tensors=inputs)
+            except errors.NonFiniteResultError as error:
+                detail = f"{error} (in its slice; verify stopped here, as the merge does)"
+                outcome.add(bitwise.Difference(name, "not finite", detail=detail))
+                return counted
+            if merged is not None and dtype:
+                merged = merged.to(dtype=dtype_from_name(dtype))
+            outcome.add(bitwise.compare(name, merged, read(published, name, spans, self.headers)))
+            counts = counting.CountTask(merge_task=task).execute(tensors=inputs)
+            if counts is not None:
+                counted[name] = counts
+        return counted
+
+    def planned_numels(self) -> dict[str, int]:
+        out = {}
+        for task in self._ours():
+            name = task.output_weight.name
+            shape = self._planned_shape(task, name)
+            if shape is not None:
+                out[name] = _numel(shape)
+        return out
+
+    def count_again(self, names: Collection[str], labels: Mapping[str, str]) -> dict[str, dict | None]:
+        planned = self._ours()
+        tied = tasks.tied_copies(self.plan.out_model_config, planned)
+        wanted = [t for t in planned if t.output_weight.name in names and t.output_weight.name not in tied]
+        if not wanted:
+            return {}
+        agents = [str(m) for m in tasks.agents(wanted[0])]
+        found = statistics.Statistics(agents, counting.count(self.plan.options, wanted)).to_json(dict(labels))
+        counted = {row["name"]: row for row in found}
+        return {t.output_weight.name: counted.get(t.output_weight.name) for t in wanted}
+
+    def compare(self, outcome: verdict.Outcome, only: Collection[str] | None = None) -> None:
+        saves = self.plan.saves()
+        targets = [compare_task(self.folder, *save) for save in saves if only is None or save[0] in only]
+        planned = {save[0] for save in saves}
+        try:
+            for _task, value in counting.run_as_merge(targets, self.through.options, desc="Verifying"):
+                if isinstance(value, bitwise.Difference):
+                    planned.add(value.name)
+                    outcome.add(value)
+        except NonFiniteResultError as error:  # the merge stops there, writing nothing: the folder holds it refused
+            name = error.tensor or "?"
+            detail = f"{error} (verify stopped here, as the merge does)"
+            outcome.add(bitwise.Difference(name, "not finite", detail=detail))
+            outcome.merged = True
+            return
+        except (OSError, RuntimeError, ValueError, KeyError) as error:  # what stops a merge stops its recomputation
+            raise InputError(f"recomputing the merge failed: {errors.said(error)}") from error
+        for name in sorted(set(self.index) - planned):
+            outcome.add(bitwise.Difference(name, "extra", detail=f"in {self.index[name]}"))
+        for name, why in sorted(record_checks.stray_tensors(self.folder, self.index).items()):
+            if name not in self.index:
+                outcome.add(bitwise.Difference(name, "extra", detail=why))
+        outcome.merged = True
+
+    def beside(self) -> dict[str, Any]:
+        return self.through.published(self.plan)
+
+
+def compare_task(folder: str, name: str, task: Any, optional: bool, dtype: str | None) -> CompareTensor:
+    published = PublishedTensor(folder=folder, name=name, label=task.group_label())
+    return CompareTensor(name=name, tensor_task=task, published=published, optional=optional, dtype=dtype)
+
+
+def _numel(shape: list[int] | None) -> int:
+    count = 1
+    for size in shape or [1]:
+        count *= int(size)
+    return count
+
+
+def _identity_files(identity: dict) -> list[tuple[str, int]]:
+    """(path, size) of each file whose windows an input's identity samples (`cache`: a folder's safetensors files,
+    or the single file of a `mergekit-pytorch` input)."""
+    path, named = identity.get("path") or "", identity.get("files") or {}
+    if os.path.isfile(path):
+        return [(path, int(entry["size"])) for entry in named.values()]
+    return [(os.path.join(path, n), int(e["size"])) for n, e in named.items() if n.endswith(".safetensors")]
+
+
+def _cast(task: Any, model: Any) -> str | None:
+    """The dtype mergekit's load of `model`'s tensor casts to (None: as stored)."""
+    gather = task.gather_tensors
+    loads = getattr(gather, "tensors", None)
+    if loads is not None:  # mergekit-pytorch: each input's own load
+        return getattr(loads[model], "dtype", None)
+    return getattr(gather, "dtype", None)
+
+
+def _entry(path: str, name: str, headers: files.Headers) -> dict:
+    """Tensor `name`'s entry in the header of `path` ({} when absent); errors.Unreadable naming a damaged file."""
+    try:
+        return headers.entry(path, name)
+    except (OSError, ValueError) as error:
+        raise errors.Unreadable(f"{path}: its safetensors header cannot be read ({error})") from error
+
+
+def read(path: str, name: str, spans: list[tuple[int, int]], headers: files.Headers) -> Any:
+    """The elements `spans` of tensor `name` in the safetensors file `path`, flat, read by their byte ranges;
+    errors.Unreadable naming the file when its header does not place them inside it."""
+    import torch
+
+    entry = _entry(path, name, headers)
+    said = files.FLOAT_NAMES.get(str(entry.get("dtype")))
+    if said is None:
+        raise errors.Unreadable(f"{path}: tensor {name} is not stored as a float (safetensors header)")
+    dtype = getattr(torch, said)
+    start = headers.get(path)[0]
+    size, itemsize = os.path.getsize(path), torch.empty((), dtype=dtype).element_size()
+    first, last = (start + int(offset) for offset in entry["data_offsets"])
+    numel = _numel(entry["shape"])
+    if last - first != numel * itemsize or first < start or last > size:
+        raise errors.Unreadable(
+            f"{path}: tensor {name}'s bytes {first}-{last} do not hold its {numel:,} elements inside the file "
+            f"({size:,} bytes)"
+        )
+    out = bytearray()
+    with open(path, "rb") as f:
+        for a, b in spans:
+            f.seek(first + a * itemsize)
+            out += f.read((b - a) * itemsize)
+    if len(out) != sum(b - a for a, b in spans) * itemsize:
+        raise errors.Unreadable(f"{path}: tensor {name}: the file ends inside it")
+    return torch.frombuffer(out, dtype=dtype) if out else torch.empty(0, dtype=dtype)
+
+
+def _published_mismatch(
+    path: str, name: str, planned: list[int], dtype: str | None, headers: files.Headers
+) -> bitwise.Difference | None:
+    """A published tensor whose dtype or shape is not what the plan writes (the base's shape, the saved dtype)."""
+    entry = _entry(path, name, headers)
+    if not entry:
+        return bitwise.Difference(name, "missing")
+    said = files.FLOAT_NAMES.get(str(entry.get("dtype"))) or str(entry.get("dtype"))
+    shape = [int(n) for n in entry.get("shape") or []]
+    wanted = str(dtype) if dtype else said
+    if said != wanted or shape != planned:
+        status = "dtype" if said != wanted else "shape"
+        return bitwise.Difference(name, status, published=f"{said} {shape}", recomputed=f"{wanted} {planned}")
+    return None

@@ -1,0 +1,103 @@
+"""What `verify` needs of mergekit: a recorded merge planned and run again, as a small interface.
+
+verify judges on plain data; mergekit plans and runs. The one implementation is the seam's
+(`mergekit_ram._mergekit.recompute.MERGEKIT`), which the CLI passes to `driver.verify`: someone upgrading
+mergekit reads that module, someone changing verify reads this folder. Every name and count here is plain data
+(tensor names, input names as the config names them, element counts, byte spans); what a method records beyond
+the weights (ramplus's statistics) comes back as the report a merge would write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from mergekit_ram.core import statistics
+from mergekit_ram.verify import sample, verdict
+
+#: the recorded statistics a sample uses instead of counting every tensor: (the agents, each planned tensor's
+#: epsilon, whether any agent needs a counted rho) -> (statistics or None, their source)
+Given = Callable[[list[str], dict[str, float], bool], tuple[statistics.Statistics | None, str]]
+#: file -> (start, stop) byte spans a sample reads
+Spans = dict[str, set[tuple[int, int]]]
+
+
+class Recompute(Protocol):
+    """mergekit, as verify uses it."""
+
+    def check_method(self) -> None:
+        """errors.RamError when mergekit would run another package's method under this plugin's method name."""
+        ...
+
+    def missing(self, entry_point: str | None) -> list[str]:
+        """What this mergekit lacks to run a merge of `entry_point` again (empty: nothing)."""
+        ...
+
+    def open(
+        self, folder: str, recorded: dict, record: dict, options: Any, copies: Mapping[str, str]
+    ) -> AbstractContextManager[Merge]:
+        """The merge `folder` records, ready to plan (its config and inputs' files checked before anything opens
+        one): errors.InputError for a config mergekit refuses, errors.Unreadable for a file that cannot be read."""
+        ...
+
+
+class Merge(Protocol):
+    """One recorded merge, planned and run again by mergekit."""
+
+    #: each input as the config names it now -> as the record names it; each input -> its recorded label
+    labels: Mapping[str, str]
+    names: dict[str, str]
+    #: how a plan mismatch names what was planned (`mergekit_config.yml`, "the recorded config")
+    planned_from: str
+    #: the published folder's tensors, as a loader reads them: tensor -> file
+    index: dict[str, str]
+
+    def identity(self, name: str, seen: dict[str, dict]) -> dict | None:
+        """The identity of the input the record calls `name` as it is read now (kept in `seen`: read once);
+        None when the config names no such input; an exception saying why it cannot be read."""
+        ...
+
+    def planned(self) -> dict:
+        """The report of what the config plans, before anything is counted, labelled as recorded."""
+        ...
+
+    def prepare(self, seen: dict[str, dict], given: Given | None, count: bool) -> tuple[dict, Any, str]:
+        """Rho counted (or reduced from `given`) and injected as a merge does: (the report a merge writes, its
+        statistics, their source)."""
+        ...
+
+    def parameters(self, name: str) -> Mapping[str, Any]:
+        """The method's parameters of tensor `name` as planned (r, alpha, lambda_rule, rho_scope)."""
+        ...
+
+    def shapes(self) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+        """For a sample's draw: tensor -> (elements, elements per row) as planned; tensor -> why it is checked whole
+        (a merge that cannot be recomputed slice by slice)."""
+        ...
+
+    def needed(self, drawn: sample.Sample, seen: dict[str, dict]) -> Spans:
+        """The byte spans a sample reads: headers, the inputs' identity windows, the drawn slices."""
+        ...
+
+    def compare_slices(self, drawn: sample.Sample, outcome: verdict.Outcome) -> dict[str, statistics.TensorCounts]:
+        """Each drawn slice recomputed and compared (into `outcome`); the slices' counts, tensor -> counts."""
+        ...
+
+    def planned_numels(self) -> dict[str, int]:
+        """Each counted tensor's element count as planned (what the inputs' or the published header says)."""
+        ...
+
+    def count_again(self, names: Collection[str], labels: Mapping[str, str]) -> dict[str, dict | None]:
+        """Each of the method's tensors among `names` (a tied copy aside) counted again: tensor -> its
+        ram_stats.json row (labelled), None for one the method does not count (a buffer)."""
+        ...
+
+    def compare(self, outcome: verdict.Outcome, only: Collection[str] | None = None) -> None:
+        """The merge run again, each tensor (`only`: those) compared bit for bit where mergekit would save it;
+        then the tensors the folder holds beyond the plan named (into `outcome`)."""
+        ...
+
+    def beside(self) -> dict[str, Any]:
+        """What `other_files.check` needs to judge the files mergekit writes beside the weights."""
+        ...
