@@ -81,6 +81,10 @@ class Headers:
     def known(self, path: str) -> bool:
         return path in self._read
 
+    def __len__(self) -> int:
+        """How many files' headers are held (each read once)."""
+        return len(self._read)
+
     def entry(self, path: str, name: str) -> dict:
         """Tensor `name`'s entry in the header of `path` ({} when the header has none)."""
         entry = self.get(path)[1].get(name)

@@ -14,6 +14,7 @@ import torch
 from helpers import config_text, planner_of
 from pydantic import BaseModel
 
+from mergekit_ram import files
 from mergekit_ram._mergekit import surface, tasks
 from mergekit_ram.core import statistics
 from mergekit_ram.core.params import DEFAULTS
@@ -121,7 +122,7 @@ def test_summary_and_who_needs_rho(planned, qwen_bf16):
 
 def test_stored_row_reads_headers_once(planned, qwen_bf16):
     planner, found = planned
-    headers: dict = {}
+    headers = files.Headers()
     rows = [tasks.of_planner(planner).stored_row(task, headers) for _, task in found]
     assert len(headers) == 3  # one file per model, read once for every tensor
     name, base, vocabulary, stored = rows[0]
