@@ -110,7 +110,7 @@ def _rate(what: str, folder: Path, target: str, args, extra: dict) -> dict:
 
 def _counts(wl, merged: Path, share: float, seeds: int) -> dict:
     """The counts check (`ramplus.totals`) at each seed, on the honest record and on records moving lambda."""
-    from mergekit_ram._mergekit import recompute
+    from mergekit_ram._mergekit import comparing
     from mergekit_ram.core import kernel, statistics
     from mergekit_ram.files import Headers
     from mergekit_ram.verify import ramplus, sample
@@ -136,8 +136,8 @@ def _counts(wl, merged: Path, share: float, seeds: int) -> dict:
         counted = {}
         for cut in drawn.slices:
             spans = cut.spans()
-            b = recompute.read(files[("base", cut.name)], cut.name, spans, headers)
-            agents = [recompute.read(files[(a, cut.name)], cut.name, spans, headers) for a in labels]
+            b = comparing.read(files[("base", cut.name)], cut.name, spans, headers)
+            agents = [comparing.read(files[(a, cut.name)], cut.name, spans, headers) for a in labels]
             found = kernel.count(b, agents, measure.RAMPLUS["epsilon"])
             counts = {a: tuple(int(x) for x in found[i]) for i, a in enumerate(labels)}
             counted[cut.name] = statistics.TensorCounts(cut.name, cut.elements, counts)

@@ -3,6 +3,15 @@
 Importing this package (or just starting Python, through mergekit_ram.pth)
 makes `merge_method: ramplus` available to mergekit. The import itself is
 light: torch and mergekit load only when used.
+
+Its modules, by concern (each folder's `__init__` says more; tests/test_layout.py
+holds the rules): `method` (the `ramplus` method), `api` (`merge_state_dicts`,
+`agent_statistics`), `example_models` (the synthetic RL-like models), `cli/` (the
+`mergekit-ram` command), `_mergekit/` (the seam, the only code that knows
+mergekit's insides), `verify/` (a finished merge checked), `reporting/` (what a
+merge tells), `checks/` (what a merge checks first), `session` (one merge's
+state), `core/` (the method on plain tensors), and the shared leaves `errors`
+and `files`.
 """
 
 __version__ = "0.1.0"

@@ -325,12 +325,12 @@ def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_o
     of writing a folder: `--gpu-rich`, which its errors name, is one of them; `-q` is `--quiet`, listed once."""
     from mergekit.options import MergeOptions
 
-    from mergekit_ram import cli
     from mergekit_ram._mergekit.options import WRITES
-    from mergekit_ram.cli import _verify_command
+    from mergekit_ram.cli import common
+    from mergekit_ram.cli import verify as verify_command
     from mergekit_ram.reporting.report import RECORDED_OPTIONS
 
-    command = _verify_command()
+    command = verify_command.command()
     names = {p.name for p in command.params}
     taken = set(MergeOptions.model_fields) - set(RECORDED_OPTIONS) - set(WRITES)
     assert taken <= names and not (set(MergeOptions.model_fields) - taken) & names
@@ -348,14 +348,19 @@ def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_o
         raise NotVerifiable("stop here")
 
     monkeypatch.setattr(driver, "verify", verify)
-    with pytest.raises(cli._UsageError):
+    with pytest.raises(common.UsageError):
         command.main(["/nowhere", "--gpu-rich", "-q", "-j", "3"], standalone_mode=False)
     options = seen["options"]
     assert isinstance(options, MergeOptions)
     assert options.gpu_rich and options.num_threads == 3 and options.quiet and not options.trust_remote_code
     from mergekit_ram.verify import verdict
 
-    assert cli.CANNOT_CHECK == verdict.EXIT["cannot check"]
+    # the exit codes' one home names verify's three as its verdict does (which imports torch)
+    assert verdict.EXIT == {
+        "identical": common.EXIT_OK,
+        "differs": common.EXIT_NOT_IDENTICAL,
+        "cannot check": common.EXIT_CANNOT_CHECK,
+    }
 
 
 @pytest.mark.quick
@@ -383,6 +388,14 @@ def test_verify_help_lists_what_changes_verify_grouped(capsys, monkeypatch):
         "What it prints:": ["--json", "-q, --quiet", "-v", "--help"],
     }  # fmt: skip
     assert "lora" not in text.lower() and "Hub cache hub ids are read from" in text
+    flat = " ".join(text.split())  # what the help says, however click wraps it
+    for said in (
+        "the statistics cache is never evidence, verify never reads it",  # docs/verify.md: not the statistics cache
+        "is evidence of how it was merged, never applied without this flag",  # record_checks.recorded_options
+        "the same seed draws the same slices on every machine",  # docs/verify.md: the draw
+        "the verdict and --json always print it",
+    ):
+        assert said in flat, said
     seen = {}
 
     def verify(folder, options, recomputing, **_kwargs):

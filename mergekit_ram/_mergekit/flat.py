@@ -48,10 +48,13 @@ class FlatPlan(Plan):
         if not planned_tensors(self._planned):
             raise RamError(
                 "ramplus: this mergekit-pytorch merge would write no tensor: "
-                + ("no tensor is stored by every input file (--tensor-intersection keeps only those); "
-                   if intersection else "the input files plan none; ")
+                + (
+                    "no tensor is stored by every input file (--tensor-intersection keeps only those); "
+                    if intersection
+                    else "the input files plan none; "
+                )
                 + "check that each file holds the same model's state_dict (torch.save(model.state_dict(), path))"
-            )  # fmt: skip
+            )
         self._settle(ours)
         if not intersection:
             self._say_unplanned()
@@ -115,8 +118,9 @@ class FlatPlan(Plan):
                     "so it cannot merge it. Leave out the tensors some models lack with --tensor-intersection"
                 )
             if not present - {task.base_model}:
-                self.replace(index, KeepBase(tensors=task.gather_tensors, base_model=task.base_model,
-                                             out_dtype=task.out_dtype))  # fmt: skip
+                self.replace(
+                    index, KeepBase(tensors=task.gather_tensors, base_model=task.base_model, out_dtype=task.out_dtype)
+                )
                 kept.append(name)
             else:
                 partly.append(name)

@@ -23,93 +23,13 @@ import os
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from mergekit.graph import Task
-
 from mergekit_ram import errors, files
-from mergekit_ram._mergekit import counting, door, loading, pipeline, surface, tasks
+from mergekit_ram._mergekit import comparing, counting, door, loading, pipeline, surface, tasks
 from mergekit_ram.core import cache, statistics
 from mergekit_ram.errors import InputError, NonFiniteResultError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
 from mergekit_ram.session import Mode, active
 from mergekit_ram.verify import bitwise, recompute, record_checks, sample, verdict
-
-
-class PublishedTensor(Task[Any]):
-    """One tensor as the folder holds it (None when the folder has none of that name; a str says why it
-    cannot be read), read through mergekit's loader as the model's users read it."""
-
-    folder: str
-    name: str
-    label: str | None = None
-
-    def arguments(self):
-        return {}
-
-    def group_label(self) -> str | None:
-        return self.label  # beside the merge of the same tensor
-
-    def priority(self) -> int:
-        return -2000  # after the merge task of its group: held for the shortest time
-
-    def execute(self, **_kwargs) -> Any:
-        try:
-            return _published(self.folder).get_tensor(self.name, raise_on_missing=False)
-        except Exception as error:
-            return f"{type(error).__name__}: {errors.said(error)[:300]}"
-
-
-class CompareTensor(Task[Any]):
-    """Where mergekit would save a tensor (`SaveTensor`: cast to its dtype), compare it with the published one."""
-
-    name: str
-    tensor_task: Task
-    published: PublishedTensor
-    optional: bool = False
-    dtype: str | None = None
-
-    def arguments(self):
-        return {"tensor": self.tensor_task, "published": self.published}
-
-    def group_label(self) -> str | None:
-        return self.tensor_task.group_label()
-
-    def priority(self) -> int:
-        return 1000  # as SaveTensor
-
-    def execute(self, tensor: Any, published: Any, **_kwargs) -> bitwise.Difference | None:
-        from mergekit.common import dtype_from_name
-
-        if isinstance(published, str):
-            return bitwise.Difference(self.name, "unreadable", detail=published)
-        if tensor is None and not self.optional:
-            raise RuntimeError(f"No value for required tensor {self.name}")  # as SaveTensor
-        if tensor is not None and self.dtype:
-            tensor = tensor.to(dtype=dtype_from_name(self.dtype))
-        if tensor is None and published is None:
-            return None  # an optional tensor no input holds: neither written nor published
-        return bitwise.compare(self.name, tensor, published)
-
-
-def _published(folder: str) -> Any:
-    """mergekit's loader of the folder's weights (one per folder, as for an input model)."""
-    from mergekit.io.tasks import LoaderCache
-
-    return LoaderCache().get(_reference(folder))
-
-
-def _reference(folder: str) -> Any:
-    from mergekit.common import ModelPath, ModelReference
-
-    return ModelReference(model=ModelPath(path=folder))
-
-
-def _published_index(folder: str) -> dict[str, str]:
-    """tensor -> file, as a loader reads the folder's weights (checked before any input is read)."""
-    try:
-        return dict(_published(folder).index.tensor_paths)
-    except Exception as error:
-        why = record_checks.damaged_weight_file(folder) or errors.said(error)[:300]
-        raise InputError(f"the weights in {folder} cannot be read: {why}") from error
 
 
 class Mergekit:
@@ -128,7 +48,7 @@ class Mergekit:
     ) -> Iterator[MergekitMerge]:
         loading.install()
         through = door.of_record(folder, recorded, record, options, dict(copies))
-        surface.forget_loaders([_reference(folder)])  # read as the files are now
+        surface.forget_loaders([comparing.reference(folder)])  # read as the files are now
         merge = MergekitMerge(through, folder, recorded)
         with active(merge.session):
             try:
@@ -151,7 +71,7 @@ class MergekitMerge:
     def __init__(self, through: door.Door, folder: str, recorded: dict):
         self.through, self.folder, self.recorded = through, folder, recorded
         self.labels, self.planned_from = through.labels, through.planned_from
-        self.index = _published_index(folder)
+        self.index = comparing.published_index(folder)
         self.names = record_checks.recorded_labels(recorded, through.labels)
         self.session = through.session(Mode.VERIFY, labels=self.names)
         self.headers = files.Headers()
@@ -308,12 +228,12 @@ class MergekitMerge:
                 continue
             spans, found, inputs = cut.spans(), self.plan.sources(task), {}
             for model in task.model_order:
-                tensor = read(*found[str(model)], spans, self.headers)
+                tensor = comparing.read(*found[str(model)], spans, self.headers)
                 wanted = dtype_from_name(_cast(task, model))
                 inputs[model] = tensor if wanted is None else tensor.to(dtype=wanted)
             published = os.path.join(self.folder, self.index[name])
-            planned = [int(n) for n in _entry(*found[str(task.base_model)], self.headers)["shape"]]
-            mismatch = _published_mismatch(published, name, planned, dtype, self.headers)
+            planned = [int(n) for n in comparing.stored_entry(*found[str(task.base_model)], self.headers)["shape"]]
+            mismatch = comparing.published_mismatch(published, name, planned, dtype, self.headers)
             if mismatch is not None:
                 outcome.add(mismatch)
                 continue
@@ -325,7 +245,7 @@ class MergekitMerge:
                 return counted
             if merged is not None and dtype:
                 merged = merged.to(dtype=dtype_from_name(dtype))
-            outcome.add(bitwise.compare(name, merged, read(published, name, spans, self.headers)))
+            outcome.add(bitwise.compare(name, merged, comparing.read(published, name, spans, self.headers)))
             counts = counting.CountTask(merge_task=task).execute(tensors=inputs)
             if counts is not None:
                 counted[name] = counts
@@ -353,7 +273,7 @@ class MergekitMerge:
 
     def compare(self, outcome: verdict.Outcome, only: Collection[str] | None = None) -> None:
         saves = self.plan.saves()
-        targets = [compare_task(self.folder, *save) for save in saves if only is None or save[0] in only]
+        targets = [comparing.compare_task(self.folder, *save) for save in saves if only is None or save[0] in only]
         planned = {save[0] for save in saves}
         try:
             for _task, value in counting.run_as_merge(targets, self.through.options, desc="Verifying"):
@@ -379,11 +299,6 @@ class MergekitMerge:
         return self.through.published(self.plan)
 
 
-def compare_task(folder: str, name: str, task: Any, optional: bool, dtype: str | None) -> CompareTensor:
-    published = PublishedTensor(folder=folder, name=name, label=task.group_label())
-    return CompareTensor(name=name, tensor_task=task, published=published, optional=optional, dtype=dtype)
-
-
 def _numel(shape: list[int] | None) -> int:
     count = 1
     for size in shape or [1]:
@@ -407,56 +322,3 @@ def _cast(task: Any, model: Any) -> str | None:
     if loads is not None:  # mergekit-pytorch: each input's own load
         return getattr(loads[model], "dtype", None)
     return getattr(gather, "dtype", None)
-
-
-def _entry(path: str, name: str, headers: files.Headers) -> dict:
-    """Tensor `name`'s entry in the header of `path` ({} when absent); errors.Unreadable naming a damaged file."""
-    try:
-        return headers.entry(path, name)
-    except (OSError, ValueError) as error:
-        raise errors.Unreadable(f"{path}: its safetensors header cannot be read ({error})") from error
-
-
-def read(path: str, name: str, spans: list[tuple[int, int]], headers: files.Headers) -> Any:
-    """The elements `spans` of tensor `name` in the safetensors file `path`, flat, read by their byte ranges;
-    errors.Unreadable naming the file when its header does not place them inside it."""
-    import torch
-
-    entry = _entry(path, name, headers)
-    said = files.FLOAT_NAMES.get(str(entry.get("dtype")))
-    if said is None:
-        raise errors.Unreadable(f"{path}: tensor {name} is not stored as a float (safetensors header)")
-    dtype = getattr(torch, said)
-    start = headers.get(path)[0]
-    size, itemsize = os.path.getsize(path), torch.empty((), dtype=dtype).element_size()
-    first, last = (start + int(offset) for offset in entry["data_offsets"])
-    numel = _numel(entry["shape"])
-    if last - first != numel * itemsize or first < start or last > size:
-        raise errors.Unreadable(
-            f"{path}: tensor {name}'s bytes {first}-{last} do not hold its {numel:,} elements inside the file "
-            f"({size:,} bytes)"
-        )
-    out = bytearray()
-    with open(path, "rb") as f:
-        for a, b in spans:
-            f.seek(first + a * itemsize)
-            out += f.read((b - a) * itemsize)
-    if len(out) != sum(b - a for a, b in spans) * itemsize:
-        raise errors.Unreadable(f"{path}: tensor {name}: the file ends inside it")
-    return torch.frombuffer(out, dtype=dtype) if out else torch.empty(0, dtype=dtype)
-
-
-def _published_mismatch(
-    path: str, name: str, planned: list[int], dtype: str | None, headers: files.Headers
-) -> bitwise.Difference | None:
-    """A published tensor whose dtype or shape is not what the plan writes (the base's shape, the saved dtype)."""
-    entry = _entry(path, name, headers)
-    if not entry:
-        return bitwise.Difference(name, "missing")
-    said = files.FLOAT_NAMES.get(str(entry.get("dtype"))) or str(entry.get("dtype"))
-    shape = [int(n) for n in entry.get("shape") or []]
-    wanted = str(dtype) if dtype else said
-    if said != wanted or shape != planned:
-        status = "dtype" if said != wanted else "shape"
-        return bitwise.Difference(name, status, published=f"{said} {shape}", recomputed=f"{wanted} {planned}")
-    return None

@@ -312,8 +312,9 @@ def _is_float(dtype: str) -> bool:
     return dtype.startswith("F") or dtype == "BF16"
 
 
-def warn_stored_dtypes(rows: Sequence[tuple[str, str, bool, Mapping[str, Stored]]], dtype: str | None,
-                       itemsize: int | None) -> None:  # fmt: skip
+def warn_stored_dtypes(
+    rows: Sequence[tuple[str, str, bool, Mapping[str, Stored]]], dtype: str | None, itemsize: int | None
+) -> None:
     """Masks see tensors as loaded: say so when that hides or inflates updates.
 
     `rows`: as `check_stored_tensors` takes them, every planned tensor of every input: each floating tensor is

@@ -27,8 +27,10 @@ from mergekit_ram.core.formulas import rho as rho
 from mergekit_ram.errors import NonFiniteInputError as NonFiniteInputError
 from mergekit_ram.errors import NonFiniteResultError as NonFiniteResultError
 
-#: entries per chunk of the torch path on a CPU: 2**15 kept its [N, chunk] buffers in a core's L2 (issue 53), but
-#: the pool's threads then took turns at the GIL; 2**17 was fastest quiet and no slower under load (issue 64)
+#: entries per chunk of the torch path on a CPU. Smaller chunks keep the [N, chunk] buffers nearer the core, but each
+#: op must run long beside the Python call around it, or the pool's threads spend their time handing the GIL over
+#: and two threads run slower than one; 2**17 weighs the two (the sweep over chunk sizes: benchmarks/README.md,
+#: "Without a compiler, on a quiet machine")
 CHUNK_CPU = 1 << 17
 CHUNK_ACCELERATOR = 1 << 24
 _FLOAT32_MAX = torch.finfo(torch.float32).max

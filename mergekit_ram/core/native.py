@@ -81,11 +81,11 @@ def library():
     return _lib
 
 
-#: what running without the fused loops costs, on a quiet machine (issue 64: benchmarks/README.md, "Without a
-#: compiler, on a quiet machine")
+#: what running without the fused loops means on any machine: the same bits, more slowly. How much more slowly
+#: depends on the machine, its load and the model, so the figures live in docs/benchmarks.md, not in the warning
 COST = (
-    "the torch kernel runs instead: the same results, its loops 7-9x slower per tensor, a whole merge about 1.3-1.7x "
-    "task_arithmetic's time on 2 idle cores (MERGEKIT_RAM_NATIVE=0 silences this)"
+    "the torch kernel runs instead: the same results, more slowly (how much depends on the machine: "
+    "docs/benchmarks.md, the rows without a compiler; MERGEKIT_RAM_NATIVE=0 silences this)"
 )
 
 

@@ -1,18 +1,18 @@
 """The torch loops of `kernel`: the portable path (GPUs, float64, no C compiler, an explicit `chunk=`).
 
-Same masks and the same float32 arithmetic as `_native.c`, one rounding. The shape of the loops comes from a
-profile on a 2-core CPU (issue 53), where three things cost more than the arithmetic:
+Same masks and the same float32 arithmetic as `_native.c`, one rounding. The loops are shaped by three things that
+cost more than the arithmetic on a CPU (the profiles and figures: benchmarks/README.md, "Without a compiler"):
 
 - torch's own threads. Each elementwise op over more than 32,768 entries opens an OpenMP region on torch's
-  threads; on a busy machine each region waited for a descheduled thread, ~10-20 ms per op (700x the op). On the
-  CPU the chunks are shared out over `native`'s thread pool instead, whose threads run torch ops on one thread
-  each, so no op ever waits for another thread; each thread has its own buffers.
-- ops that write bool tensors (`>`, `==`, `torch.where`, `isfinite`): 10-60x slower than the same op into a
+  threads and waits there for all of them: on a busy machine, for one the scheduler has taken off its core, many
+  times the op's own time. On the CPU the chunks are shared out over `native`'s thread pool instead, whose threads
+  run torch ops on one thread each, so no op waits for another thread; each thread has its own buffers.
+- ops that write bool tensors (`>`, `==`, `torch.where`, `isfinite`), many times slower than the same op into a
   float32 buffer. Masks are float32 (1.0 or 0.0), counts are sums and matrix products of them (exact: integers
   below 2**24), the merge's select of the scaled delta is done on the float bits.
 - Python's overhead per op, and the GIL: the agents' deltas, masks and products are done as one op on an
-  [N, chunk] buffer. The pool's threads take turns at the GIL between ops, so an op must be long beside its call:
-  on a quiet 2-core machine chunks of 2**15 (ops of ~10 us) made two threads slower than one (issue 64).
+  [N, chunk] buffer. The pool's threads take turns at the GIL between ops, so an op must be long beside its call,
+  or two threads run slower than one: hence chunks of `kernel.CHUNK_CPU` entries, not fewer.
 
 Every value that the native loops sum in float32 (total and scaled deltas) is summed here in the same order, agent
 by agent from +0. The float64 sums of `diagnose` are per chunk, added in chunk order: the same bits for any number
@@ -134,7 +134,8 @@ def _diagnose_chunks(base, agents, epsilon: float, step: int, pool: Pool) -> tup
 
     Per chunk, every integer is an entry of one float32 product of the rows [one step, sign, mask] with
     [sign, mask, 1, ==1, ==2] (sums of 0/1 products: exact), and every float64 sum an entry of three float64
-    products of the kept deltas, each operand widened once: 4 matrix products where issue 53's loops had 6.
+    products of the kept deltas, each operand widened once: 4 matrix products a chunk, since widening operands
+    again for each sum cost more than the products.
     The float64 sums are per chunk, added in chunk order: the same bits for any number of threads. A chunk's
     scratch is at most `_SCRATCH` bytes a thread."""
     n, numel, device = len(agents), base.numel(), base.device

@@ -71,8 +71,10 @@ def upgraded(report: dict) -> dict:
     models = [str(row.get("model")) for row in (base, *agents)]
     named = input_labels(models)
     roles = ["base", *["agent"] * len(agents)]
-    inputs = {named[m]: {"role": role, "model": m, "identity": row.get("identity") or {}}
-              for m, role, row in zip(models, roles, (base, *agents), strict=True)}  # fmt: skip
+    inputs = {
+        named[m]: {"role": role, "model": m, "identity": row.get("identity") or {}}
+        for m, role, row in zip(models, roles, (base, *agents), strict=True)
+    }
     rows = [
         {"label": named[str(row.get("model"))], **{k: v for k, v in row.items() if k not in ("model", "identity")}}
         for row in agents

@@ -77,12 +77,24 @@ RECORDED_OPTIONS = (
 
 #: The per-agent numbers of `ram_stats.json`, each `statistics.AgentStats`' attribute of the same name.
 AGENT_NUMBERS = (
-    "active", "shared", "unique", "shared_with_1", "shared_with_2plus", "numel", "density",
-    "unique_share", "shared_with_1_share", "shared_with_2plus_share",
-)  # fmt: skip
+    "active",
+    "shared",
+    "unique",
+    "shared_with_1",
+    "shared_with_2plus",
+    "numel",
+    "density",
+    "unique_share",
+    "shared_with_1_share",
+    "shared_with_2plus_share",
+)
 AGENT_DIAGNOSTICS = (
-    "single_step", "single_step_share", "magnitude_unique", "magnitude_shared", "magnitude_unique_share",
-)  # fmt: skip
+    "single_step",
+    "single_step_share",
+    "magnitude_unique",
+    "magnitude_shared",
+    "magnitude_unique_share",
+)
 
 
 def run_record(entry_point: str, options: Any, **extra: Any) -> dict[str, Any]:

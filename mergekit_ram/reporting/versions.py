@@ -47,16 +47,25 @@ def source(name: str) -> dict[str, str]:
         commit = _git_commit(local) or ""
         changes = (_changes(local) if editable else "unknown") if commit else ""
         where = (_origin(local) or declared_source(dist)) if commit else ""
-        return _kept(installed_from="editable" if editable else "checkout", url=where and where + subdirectory,
-                     commit=commit, changes=changes)  # fmt: skip
+        return _kept(
+            installed_from="editable" if editable else "checkout",
+            url=where and where + subdirectory,
+            commit=commit,
+            changes=changes,
+        )
     if "archive_info" in found:
         info = found["archive_info"]
         digest = (info.get("hashes") or {}).get("sha256") or str(info.get("hash", "")).removeprefix("sha256=")
         file = os.path.basename(local or urlparse(url).path)
         kind = "wheel" if file.endswith(".whl") else "sdist" if file.endswith(SDISTS) else "archive"
         where = "" if local else public_url(url)
-        return _kept(installed_from=kind, url=where, archive=file, sha256=digest,
-                     project_url="" if where else declared_source(dist))  # fmt: skip
+        return _kept(
+            installed_from=kind,
+            url=where,
+            archive=file,
+            sha256=digest,
+            project_url="" if where else declared_source(dist),
+        )
     return {"installed_from": "index"}
 
 

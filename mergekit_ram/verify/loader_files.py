@@ -115,8 +115,11 @@ def is_code(name: str) -> bool:
 
 def pickles(folder: str, choices: Mapping[str, str]) -> list[str]:
     """The pickled weight files (not safetensors) a loader would read of `folder`."""
-    names = {n for choice in choices.values() for n in ([choice] if not choice.endswith(".json") else
-             weight_files(folder, choice))}  # fmt: skip
+    names = {
+        n
+        for choice in choices.values()
+        for n in ([choice] if not choice.endswith(".json") else weight_files(folder, choice))
+    }
     return sorted(os.path.join(folder, n) for n in names if not n.endswith(".safetensors"))
 
 

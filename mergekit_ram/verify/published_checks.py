@@ -307,5 +307,7 @@ def other_view_differences(folder: str, choices: Mapping[str, str]) -> tuple[lis
     return found, checked
 
 
-_LOADERS = {"transformers": "transformers' from_pretrained", PICKLES: "transformers' from_pretrained with "
-            "use_safetensors=False"}  # fmt: skip
+_LOADERS = {
+    "transformers": "transformers' from_pretrained",
+    PICKLES: "transformers' from_pretrained with use_safetensors=False",
+}

@@ -57,8 +57,12 @@ def read_report(folder: str) -> dict:
             "(upgrade mergekit-ram)"
         )
     old = version < 4
-    for key, kind in (("parameters", dict), ("base_model", dict if old else str), ("agents", list),
-                      *(() if old else (("inputs", dict),))):  # fmt: skip
+    for key, kind in (
+        ("parameters", dict),
+        ("base_model", dict if old else str),
+        ("agents", list),
+        *(() if old else (("inputs", dict),)),
+    ):
         if not isinstance(found.get(key), kind):
             raise Unreadable(f"{path} has no {key!r}: is the folder damaged?")
     found = upgraded(found)

@@ -114,7 +114,8 @@ def test_build_failure_falls_back(rel, fresh, monkeypatch, caplog, tmp_path, cc,
     _merge_checks(rel)
     (message,) = [m for m in _warnings(caplog) if "fast CPU kernel unavailable" in m]
     rel.names(message, f"unavailable: {cause} (", str(cc) if cc else "no cc or gcc on PATH", "torch kernel runs")
-    assert "same results" in message and "task_arithmetic" in message and "\n" not in message, message
+    # what is true on any machine, and where the measured cost is: not one machine's figures
+    assert "same results, more slowly" in message and "docs/benchmarks.md" in message and "\n" not in message, message
     assert native.status() == f"cannot be built: {native._failed}; the torch kernel runs, the same results, slower"
     if cause == "the build failed":
         assert "fakecc: error: no" in message, message

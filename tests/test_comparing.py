@@ -1,4 +1,4 @@
-"""`_mergekit/recompute.py`: the compare task that stands where mergekit would save a tensor, on plain tensors.
+"""`_mergekit/comparing.py`: the compare task that stands where mergekit would save a tensor, on plain tensors.
 
 The merge run again on mergekit's executors, against real folders: tests/test_verification.py.
 """
@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mergekit_ram._mergekit import recompute
+from mergekit_ram._mergekit import comparing
 
 pytestmark = pytest.mark.quick  # the quick subset: every test here (python -m pytest -q -m quick)
 
 
-def compare_task(optional: bool = False, dtype: str | None = None) -> recompute.CompareTensor:
-    upstream = recompute.PublishedTensor(folder="/nowhere", name="merged")  # any task: execute is called directly
-    return recompute.compare_task("/nowhere", "t", upstream, optional, dtype)
+def compare_task(optional: bool = False, dtype: str | None = None) -> comparing.CompareTensor:
+    upstream = comparing.PublishedTensor(folder="/nowhere", name="merged")  # any task: execute is called directly
+    return comparing.compare_task("/nowhere", "t", upstream, optional, dtype)
 
 
 def test_the_tensor_is_cast_as_mergekit_would_save_it():
