@@ -10,8 +10,8 @@ holds the rules): `method` (the `ramplus` method), `api` (`merge_state_dicts`,
 `mergekit-ram` command), `_mergekit/` (the seam, the only code that knows
 mergekit's insides), `verify/` (a finished merge checked), `reporting/` (what a
 merge tells), `checks/` (what a merge checks first), `session` (one merge's
-state), `core/` (the method on plain tensors), and the shared leaves `errors`
-and `files`.
+state), `core/` (the method on plain tensors), and the shared leaves `errors`,
+`files` and `environment` (the variables read, and the words of the on/off ones).
 """
 
 __version__ = "0.1.0"

@@ -30,8 +30,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from mergekit_ram import environment
+
 #: Set (to anything but "", "0") to see the traceback of a `RamError` in a command.
-TRACEBACK_ENV = "MERGEKIT_RAM_TRACEBACK"
+TRACEBACK_ENV = environment.TRACEBACK
 
 
 class RamError(ValueError):
@@ -92,8 +94,18 @@ CANNOT_CHECK: tuple[type[BaseException], ...] = (Unreadable, InputError, OSError
 
 
 def said(error: BaseException) -> str:
-    """`error`'s message on one line (its type's name when it has none)."""
-    return " ".join(str(error).split()) or type(error).__name__
+    """`error`'s message on one line (its type's name when it has none): how every message of ours quotes one."""
+    return _flat(str(error)) or type(error).__name__
+
+
+def said_with_type(error: BaseException, limit: int = 200) -> str:
+    """'Type: message' on one line, the message cut at `limit` characters (a library's error, quoted as a detail)."""
+    message = _flat(str(error))[:limit]
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
 
 
 def yaml_said(error: BaseException) -> str | None:
@@ -102,7 +114,7 @@ def yaml_said(error: BaseException) -> str | None:
     mark = getattr(error, "problem_mark", None)
     if mark is None or not type(error).__module__.startswith("yaml"):
         return None
-    problem = " ".join(str(getattr(error, "problem", "") or "").split()) or type(error).__name__
+    problem = _flat(str(getattr(error, "problem", "") or "")) or type(error).__name__
     return f"not valid YAML (line {mark.line + 1}, column {mark.column + 1}: {problem})"
 
 
@@ -119,7 +131,7 @@ def one_line(error: BaseException, prog: str | None = None) -> str | None:
 
 def wants_traceback() -> bool:
     """`MERGEKIT_RAM_TRACEBACK` set, or logging at INFO or below (mergekit's `-v`)."""
-    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+    if environment.flag(TRACEBACK_ENV):
         return True
     return logging.getLogger().getEffectiveLevel() <= logging.INFO
 

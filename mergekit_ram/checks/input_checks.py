@@ -17,6 +17,14 @@ from mergekit_ram.errors import RamError
 LOG = logging.getLogger("mergekit_ram")
 #: torch's variable that makes `torch.load` unpickle fully wherever `weights_only` is not passed
 FORCE_UNSAFE = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+
+
+def forced_unsafe() -> bool:
+    """Whether torch is told to unpickle fully wherever `weights_only` is not passed (`FORCE_UNSAFE`, read with the
+    words torch reads it with, not ours: `environment`)."""
+    return os.environ.get(FORCE_UNSAFE, "0").strip().lower() in ("1", "y", "yes", "true")
+
+
 #: the weight files (and indexes) mergekit's loader looks for in a model folder
 WEIGHT_NAMES = (
     "model.safetensors",
@@ -205,7 +213,7 @@ def check_pickle(file: str) -> None:
     unpickling; an older, non-zip one is loaded by torch's weights-only unpickler onto the
     meta device, which refuses anything but tensors without running it.
     """
-    if os.environ.get(FORCE_UNSAFE, "0").strip().lower() in ("1", "y", "yes", "true"):
+    if forced_unsafe():
         raise RamError(
             f"input file {file} is a pickle and {FORCE_UNSAFE} is set: torch would then unpickle it fully where "
             "mergekit does not ask for weights only, which could run code; unset it (or convert to safetensors)"

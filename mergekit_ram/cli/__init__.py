@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             import traceback
 
             traceback.print_exc()
-        message = " ".join(str(error).split()) or type(error).__name__
+        message = errors.said(error)
         print(f"{PROG} {command}: error: {message}", file=sys.stderr)
         # an input model that cannot be read or counted, else a usage error
         return EXIT_BAD_INPUT if isinstance(error, errors.InputError) else EXIT_USAGE

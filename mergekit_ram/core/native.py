@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from mergekit_ram import environment
 from mergekit_ram.core import build, cachedir
 from mergekit_ram.core.build import SOURCE as SOURCE
 from mergekit_ram.core.build import find_compiler as find_compiler
@@ -48,7 +49,7 @@ _pool: ThreadPoolExecutor | None = None
 
 
 def enabled() -> bool:
-    return os.environ.get("MERGEKIT_RAM_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
+    return environment.flag(environment.NATIVE, default=True)
 
 
 def supports(base: torch.Tensor, agents: Sequence[torch.Tensor], out_dtype: torch.dtype | None = None) -> bool:

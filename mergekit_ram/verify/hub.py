@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from mergekit_ram import errors
 from mergekit_ram.checks import output_checks
 from mergekit_ram.errors import NotVerifiable, Unreadable
 from mergekit_ram.verify import folder_checks, loader_files
@@ -284,8 +285,7 @@ def _why(said: str, error: Exception, endpoint: str) -> str:
         return f"{said}: no such model repository on {endpoint} (a private one needs `hf auth login`)"
     if isinstance(error, RevisionNotFoundError):
         return f"{said}: the repository on {endpoint} has no revision {said.partition('@')[2]}"
-    detail = " ".join(str(error).split())[:200]
-    return f"{said}: the Hub at {endpoint} could not be asked ({type(error).__name__}: {detail})"
+    return f"{said}: the Hub at {endpoint} could not be asked ({errors.said_with_type(error)})"
 
 
 def quiet_bars(quiet: bool) -> Callable[[], None]:

@@ -33,7 +33,7 @@ def refusal(folder: str) -> str | None:
     choices = loader_files.loader_choices(folder)
     loader_files.check_files(folder, choices)
     pickled = loader_files.pickles(folder, choices)
-    if pickled and record_checks.forced_unsafe():
+    if pickled and input_checks.forced_unsafe():
         return (
             f"{pickled[0]} is a pickle and {input_checks.FORCE_UNSAFE} is set: mergekit's loader would unpickle it "
             "fully (torch.load without weights_only), which could run code; unset it to verify"

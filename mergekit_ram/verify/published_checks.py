@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mergekit_ram import errors
 from mergekit_ram.errors import Unreadable
 from mergekit_ram.verify.folder_checks import JSON_LIMIT, checked_path, read_bytes, read_json
 from mergekit_ram.verify.loader_files import COPIED, PICKLES, weight_files
@@ -128,7 +129,7 @@ def front_matter_problems(text: str, expected: dict) -> list[str]:
     try:
         meta = yaml.safe_load(text[4:].split("\n---\n", 1)[0])
     except yaml.YAMLError as error:
-        return [f"its front matter is not YAML ({' '.join(str(error).split())[:120]})"]
+        return [f"its front matter is not YAML ({errors.said(error)[:120]})"]
     if not isinstance(meta, dict):
         return ["its front matter is not a YAML mapping"]
     found = []

@@ -28,7 +28,7 @@ import shutil
 import threading
 from collections.abc import Iterable, Mapping
 
-from mergekit_ram import files
+from mergekit_ram import errors, files
 from mergekit_ram.core import cache
 from mergekit_ram.errors import Unreadable
 from mergekit_ram.verify import hub
@@ -95,8 +95,7 @@ class Reader:
         except Unreadable:
             raise
         except Exception as error:
-            detail = " ".join(str(error).split())[:200]
-            raise Unreadable(f"{said}: cannot be read from the Hub ({type(error).__name__}: {detail})") from error
+            raise Unreadable(f"{said}: cannot be read from the Hub ({errors.said_with_type(error)})") from error
         if len(data) != stop - start:
             raise Unreadable(f"{said}: asked for bytes {start}-{stop - 1}, the server sent {len(data)} byte(s)")
         return data, size
@@ -277,8 +276,7 @@ def input_stand_ins(
             if small:  # as the merge's own files: the snapshot's commit and every name checked
                 mirror.copy(hub.download(repository, commit, small, cache_dir), folder, small)
         except Exception as error:
-            detail = " ".join(str(error).split())[:200]
-            said = f"input {model}: the Hub cannot give it at {commit} ({type(error).__name__}: {detail})"
+            said = f"input {model}: the Hub cannot give it at {commit} ({errors.said_with_type(error)})"
             raise Unreadable(said) from error
         for name in weights:
             mirror.weight(repository, commit, folder, name, identity=True)

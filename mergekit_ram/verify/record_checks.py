@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from mergekit_ram import files
-from mergekit_ram.checks import input_checks, output_checks, paths
+from mergekit_ram import errors, files
+from mergekit_ram.checks import output_checks, paths
 from mergekit_ram.errors import NotVerifiable, Unreadable
 from mergekit_ram.reporting.labels import renamed, upgraded
 from mergekit_ram.verify import folder_checks
@@ -92,7 +92,7 @@ def damaged_weight_file(folder: str) -> str | None:
             with safe_open(path, framework="pt"):
                 pass
         except (OSError, SafetensorError) as error:
-            return f"{path}: {' '.join(str(error).split())}"
+            return f"{path}: {errors.said(error)}"
     return None
 
 
@@ -285,11 +285,6 @@ def version_notes(recorded: dict, installed: Mapping[str, str], source: Mapping[
 # --------------------------------------------------------------------------- #
 #: recorded options that let code run: applied only with the user's own flag (lazy_unpickle: never)
 CODE_OPTIONS = ("trust_remote_code", "lazy_unpickle")
-
-
-def forced_unsafe() -> bool:
-    """Whether torch is told to unpickle fully wherever `weights_only` is not passed (`input_checks.FORCE_UNSAFE`)."""
-    return os.environ.get(input_checks.FORCE_UNSAFE, "0").strip().lower() in ("1", "y", "yes", "true")
 
 
 def recorded_options(
