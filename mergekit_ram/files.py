@@ -75,7 +75,7 @@ class Headers:
 
     def remember(self, path: str, header: dict) -> None:
         """Hold `header` as the header of `path`, a file that has none (what a PyTorch pickle stores, read another
-        way: `flat.pickled_dtype`)."""
+        way: `raw_pytorch.pickled_dtype`)."""
         self._read[path] = (0, header)
 
     def known(self, path: str) -> bool:

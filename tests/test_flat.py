@@ -471,7 +471,7 @@ def test_the_wrapped_planner_serves_a_caller_other_than_main(flat_cnn, tmp_path)
 
 
 def test_the_flat_door_is_wrapped_only_when_mergekit_pytorch_has_what_it_reads(monkeypatch, caplog):
-    """`hooks.install_flat` checks the FLAT names (and the pre-pass's) first: a changed mergekit-pytorch leaves
+    """`hooks.install_flat` checks the RAW_PYTORCH names (and the pre-pass's) first: a changed mergekit-pytorch leaves
     its planner unwrapped, with a warning; mergekit's own module is wrapped once."""
     import sys
     import types
@@ -480,7 +480,7 @@ def test_the_flat_door_is_wrapped_only_when_mergekit_pytorch_has_what_it_reads(m
 
     from mergekit_ram._mergekit import hooks, surface
 
-    assert surface.problems(surface.FLAT) == []
+    assert surface.problems(surface.RAW_PYTORCH) == []
     assert surface.marked(merge_raw_pytorch.plan_flat_merge, surface.HOOKED)
     original = surface.unwrapped(merge_raw_pytorch.plan_flat_merge)
     fake = types.ModuleType(merge_raw_pytorch.__name__)  # mergekit's module, its planner not yet wrapped
@@ -490,7 +490,7 @@ def test_the_flat_door_is_wrapped_only_when_mergekit_pytorch_has_what_it_reads(m
     real_check = surface.check
 
     def check(needed_for):
-        if needed_for == surface.FLAT:
+        if needed_for == surface.RAW_PYTORCH:
             raise surface.IncompatibleMergekit("simulated: plan_flat_merge changed")
         real_check(needed_for)
 

@@ -251,14 +251,14 @@ def test_counts_without_diagnostics_report_none():
 def test_the_torch_paths_statistics_scratch_bounds_its_chunk(monkeypatch):
     """On a CPU the statistics pass's chunk is cut to what `_SCRATCH` bytes a thread hold (more agents, smaller
     chunks): many chunks of 9 agents give the float64 definitions' counts, pair counts and sums all the same."""
-    from mergekit_ram.core import portable
+    from mergekit_ram.core import torch_loops
 
     monkeypatch.setenv("MERGEKIT_RAM_NATIVE", "0")
-    monkeypatch.setattr(portable, "_SCRATCH", 5_000 * 8 * 40)  # at most 2**12 entries per chunk for 9 agents
+    monkeypatch.setattr(torch_loops, "_SCRATCH", 5_000 * 8 * 40)  # at most 2**12 entries per chunk for 9 agents
     base, agents = _case(torch.bfloat16, 9, numel=30_001, seed=11, common=0.05, density=0.2)
     chunks = []
-    real = portable._shared_out
-    monkeypatch.setattr(portable, "_shared_out", lambda numel, step, *a: chunks.append(step) or real(numel, step, *a))
+    real = torch_loops._shared_out
+    monkeypatch.setattr(torch_loops, "_shared_out", lambda numel, step, *a: chunks.append(step) or real(numel, step, *a))
     found = kernel.diagnose(base, agents, 1e-5)
     assert chunks == [1 << 12]
     _check(found, R.reference_diagnostics(base, agents, 1e-5), kernel.count(base, agents, 1e-5, chunk=1 << 20))

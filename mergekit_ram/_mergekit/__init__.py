@@ -16,7 +16,7 @@ subpackage hooks in from outside:
   `mergekit-pytorch`, whose inputs are single files), so that each mode is
   written once over either;
 - `planner`: a config planned by mergekit alone, as `run_merge` plans it;
-- `flat`: `mergekit-pytorch`'s planned tasks as a plan of ours;
+- `raw_pytorch`: `mergekit-pytorch` (mergekit's `merge_raw_pytorch`): its planned tasks as a plan of ours;
 - `pipeline`: the merge pipeline on mergekit's planned tasks (checks, count or
   cache, inject rho, report, write), for `mergekit-yaml`, `mergekit-pytorch` and
   `inspect` alike;

@@ -26,7 +26,7 @@ class Door(Protocol):
 
     #: ram_stats.json's `merge.entry_point` of a merge through this door
     entry_point: str
-    #: the group of mergekit names its hooks need (`surface.MERGE`, `surface.FLAT`), checked by the guard
+    #: the group of mergekit names its hooks need (`surface.MERGE`, `surface.RAW_PYTORCH`), checked by the guard
     names: str
     config: Any
     options: Any

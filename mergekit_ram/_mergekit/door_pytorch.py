@@ -1,8 +1,8 @@
 """The second door (`door.Door`): `mergekit-pytorch`, whose inputs are single weight files.
 
-Its plan is `plan_flat_merge`'s task list (`flat.FlatPlan`: the tensors some files lack settled by
+Its plan is `plan_flat_merge`'s task list (`raw_pytorch.FlatPlan`: the tensors some files lack settled by
 `--tensor-union` / `--tensor-intersection`), planned with mergekit's own planner (`surface.plan_flat_as_mergekit`)
-inside `flat.planning`; its inputs are files, each checked before mergekit opens it and identified by
+inside `raw_pytorch.planning`; its inputs are files, each checked before mergekit opens it and identified by
 `cache.file_identity`. It writes the weights only: no config, card or tokenizer. Built from a config (a merge,
 `inspect`), or from the `merge` record of a finished merge's `ram_stats.json` (`verify`), which holds its config
 and flags.
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mergekit_ram import errors
-from mergekit_ram._mergekit import counting, flat, surface, tasks
+from mergekit_ram._mergekit import counting, raw_pytorch, surface, tasks
 from mergekit_ram.checks import input_checks, paths
 from mergekit_ram.core import cache
 from mergekit_ram.method import resolves_to_ours
@@ -31,7 +31,7 @@ class PytorchDoor:
     """`tensor_union`, `tensor_intersection`: mergekit-pytorch's flags, part of what it plans (and recorded)."""
 
     entry_point = ENTRY_POINT
-    names = surface.FLAT
+    names = surface.RAW_PYTORCH
     planned_from = "the recorded config"
 
     #: `verify` (`of_record`): the record read, the user's copies of inputs and what they stand for
@@ -104,11 +104,13 @@ class PytorchDoor:
             input_checks.check_input_file(path)
 
     def plan(self) -> tasks.Plan:
-        with flat.planning(self.options):  # planned into a writer that never runs: nothing is written
+        with raw_pytorch.planning(self.options):  # planned into a writer that never runs: nothing is written
             planned = surface.plan_flat_as_mergekit(
                 self.config, self.tensor_union, self.tensor_intersection, self.options
             )
-        return flat.of_flat(planned, self.config, self.options, resolves_to_ours, intersection=self.tensor_intersection)
+        return raw_pytorch.of_flat(
+            planned, self.config, self.options, resolves_to_ours, intersection=self.tensor_intersection
+        )
 
     def models(self) -> dict[str, Any]:
         return {self.labels.get(path, path): path for path in self.inputs()}

@@ -43,10 +43,10 @@ from mergekit_ram import errors, method, session
 from mergekit_ram._mergekit import (
     door_pytorch,
     door_yaml,
-    flat,
     hub_ids,
     loading,
     pipeline,
+    raw_pytorch,
     surface,
     tasks,
     tokenizer_order,
@@ -113,7 +113,7 @@ def install_flat() -> None:
     method.ask_why_prepass_unavailable(surface.unavailable_reason)
     try:
         surface.check_prepass()
-        surface.check(surface.FLAT)
+        surface.check(surface.RAW_PYTORCH)
     except surface.IncompatibleMergekit as error:
         LOG.warning("mergekit-ram: RAM+ statistics pre-pass disabled for mergekit-pytorch: %s", error)
         return
@@ -192,9 +192,11 @@ def _plan_flat_merge(original: Callable[..., list[Any]]) -> Callable[..., list[A
         def run(current: session.MergeSession, before: Any) -> list[Any]:
             output_checks.check_output_files(door.inputs(), out_path, getattr(options, "transformers_cache", None))
             output_checks.remove_stale_statistics(out_path)
-            with flat.planning(options):
+            with raw_pytorch.planning(options):
                 planned = original(config, out_path, door.tensor_union, door.tensor_intersection, options)
-            plan = flat.of_flat(planned, config, options, resolves_to_ours, intersection=door.tensor_intersection)
+            plan = raw_pytorch.of_flat(
+                planned, config, options, resolves_to_ours, intersection=door.tensor_intersection
+            )
             pipeline.prepare(plan, current)
             to_run = plan.tasks()
             if current.report is not None:

@@ -10,7 +10,7 @@ precisely what changed; `hooks.install` patches nothing the guard rejects.
 The private attributes of mergekit's objects are read and written here only
 (`planned`, `replace_planned`), and so are our wrappers' marks and what they wrap
 (`wrap`, `unwrapped`, `plan_as_mergekit`, `plan_flat_as_mergekit`), so a new
-mergekit means reading one module. `mergekit-pytorch`'s names (`FLAT`) are checked
+mergekit means reading one module. `mergekit-pytorch`'s names (`RAW_PYTORCH`) are checked
 when its module loads, before its planner is wrapped.
 """
 
@@ -32,7 +32,7 @@ SUPPORTED_TEXT = ">=0.1.5,<0.2"
 
 PREPASS = "prepass"  # the statistics pass and rho injection (checked when mergekit.plan loads)
 MERGE = "merge"  # run_merge's wrapper, the card, inspect's preamble (checked when mergekit.merge loads)
-FLAT = "flat"  # mergekit-pytorch's planner wrapped, its tasks read (checked when its module loads)
+RAW_PYTORCH = "raw_pytorch"  # mergekit-pytorch's planner wrapped, its tasks read (checked when its module loads)
 LOADING = "loading"  # linear-time tensor loading (only a speed-up: mergekit's own loading is used without it)
 PUBLIC = "public"  # mergekit's public API (method definition, CLI options)
 VERIFY = "verify"  # `mergekit-ram verify`: a merge planned again, compared instead of saved
@@ -101,16 +101,16 @@ NAMES: tuple[Name, ...] = (
     Name("mergekit.merge_methods.dtype", "align_dtype", PREPASS),
     *_objects("mergekit.common", "dtype_from_name ImmutableMap", PREPASS),
     # mergekit-pytorch: its planner wrapped (and called by `inspect`), its tasks read and rebuilt with rho
-    Name(_RAW, "plan_flat_merge", FLAT),
-    Name(_RAW, "RawPyTorchMergeConfig", FLAT),
-    *_fields("RawPyTorchMergeConfig", _RAW, "merge_method models base_model parameters dtype out_dtype", FLAT),
-    Name(_RAW, "SimpleLoadTensor", FLAT),
-    *_fields("SimpleLoadTensor", _RAW, "model tensor_name dtype", FLAT),
-    Name(_RAW, "SimpleLoaderCache", FLAT),
-    Name(_TASKS, "SaveTensor", FLAT),
-    *_fields("SaveTensor", _TASKS, "tensor_task", FLAT),
-    *_fields("FinalizeModel", _TASKS, "tensor_save_tasks", FLAT),
-    *_fields("TensorDictWrapper", _ADAPTER, "tensors", FLAT),
+    Name(_RAW, "plan_flat_merge", RAW_PYTORCH),
+    Name(_RAW, "RawPyTorchMergeConfig", RAW_PYTORCH),
+    *_fields("RawPyTorchMergeConfig", _RAW, "merge_method models base_model parameters dtype out_dtype", RAW_PYTORCH),
+    Name(_RAW, "SimpleLoadTensor", RAW_PYTORCH),
+    *_fields("SimpleLoadTensor", _RAW, "model tensor_name dtype", RAW_PYTORCH),
+    Name(_RAW, "SimpleLoaderCache", RAW_PYTORCH),
+    Name(_TASKS, "SaveTensor", RAW_PYTORCH),
+    *_fields("SaveTensor", _TASKS, "tensor_task", RAW_PYTORCH),
+    *_fields("FinalizeModel", _TASKS, "tensor_save_tasks", RAW_PYTORCH),
+    *_fields("TensorDictWrapper", _ADAPTER, "tensors", RAW_PYTORCH),
     # run_merge's preamble (for `inspect`) and the wrapped card / run_merge
     *_objects("mergekit.merge", "run_merge generate_card _model_out_config", MERGE),
     Name("mergekit.architecture", "get_architecture_info", MERGE),
@@ -127,7 +127,7 @@ NAMES: tuple[Name, ...] = (
     Name(_CONVERSION, "_iter_transform_matches", LOADING, "source", "6a2c25a7002bc389"),
     Name(_CONVERSION, "_expanded_target_keys", LOADING, "source", "8eab3e6797ca04ad"),
     Name("mergekit.io.loader", "TensorLoader", LOADING),
-    # verify: hub ids pinned to a recorded revision, the published weights read (a mergekit-pytorch folder: FLAT too)
+    # verify: hub ids pinned to a recorded revision, the published weights read (mergekit-pytorch: RAW_PYTORCH too)
     *_objects("mergekit.common", "ModelReference ModelPath", VERIFY),
     Name(_TASKS, "LoaderCache.loaders", VERIFY, "annotation"),
     # verify --sample: a merge task run on its inputs' slices, loaded as the task's load would cast them

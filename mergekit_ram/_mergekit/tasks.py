@@ -6,7 +6,7 @@ wrappers, the parameters. Two doors plan them, and a `Plan` hides which from the
 
 - `of_planner`: `mergekit-yaml` (and `run_merge`, `mergekit-multi`, `inspect`): a `MergePlanner`'s
   list, models are folders (or hub ids) identified by `cache.folder_identity`;
-- `flat.of_flat`: `mergekit-pytorch` (`plan_flat_merge`): each tensor's merge task sits in a `SaveTensor`
+- `raw_pytorch.of_flat`: `mergekit-pytorch` (`plan_flat_merge`): each tensor's merge task sits in a `SaveTensor`
   that `FinalizeModel` waits for, inputs are `SimpleLoadTensor`s of single files (safetensors or a
   PyTorch pickle) identified by `cache.file_identity`.
 

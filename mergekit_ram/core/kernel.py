@@ -6,7 +6,7 @@ no full-size masks. Deltas are formed in float32 (float64 for
 float64 inputs); the result is rounded once, to the requested dtype.
 
 On CPU, bf16/fp16/fp32 inputs go through the fused loops of `native` (one pass
-over memory); the torch loops of `portable` are the portable path (GPU, float64,
+over memory); the torch loops of `torch_loops` are the portable path (GPU, float64,
 no C compiler, or an explicit `chunk=`), with identical masks and float32 sums.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mergekit_ram.core import native, portable
+from mergekit_ram.core import native, torch_loops
 
 # the scalar formulas (Eqs. 2, 6, RAM+s), offered here beside the tensor math
 from mergekit_ram.core.formulas import lambda_clip as lambda_clip
@@ -69,7 +69,7 @@ def count(
         if bad:
             _raise_non_finite(base, agents, names, tensor_name, base_name)
         return totals
-    table, peaks = portable.count_chunks(base, agents, epsilon, _chunk(base, chunk), native.in_pool, diagnose=False)
+    table, peaks = torch_loops.count_chunks(base, agents, epsilon, _chunk(base, chunk), native.in_pool, diagnose=False)
     _check_finite(peaks, base, agents, names, tensor_name, base_name)
     return table.sum(dim=0).view(n, 3).to(torch.int64)
 
@@ -124,7 +124,9 @@ def diagnose(
         ints = torch.zeros(4 * n + 2 * p, dtype=torch.int64, device=base.device)
         sums = torch.zeros(2 * n + 3 * p, dtype=torch.float64, device=base.device)
     else:
-        table, peaks = portable.count_chunks(base, agents, epsilon, _chunk(base, chunk), native.in_pool, diagnose=True)
+        table, peaks = torch_loops.count_chunks(
+            base, agents, epsilon, _chunk(base, chunk), native.in_pool, diagnose=True
+        )
         _check_finite(peaks, base, agents, names, tensor_name, base_name)
         row = table.sum(dim=0)  # the chunks' rows in chunk order: the same bits for any number of threads
         ints = torch.cat([row[: 4 * n], row[6 * n : 6 * n + 2 * p]]).to(torch.int64)
@@ -168,7 +170,7 @@ def merge(
     if not all(math.isfinite(lam) and abs(lam) <= _FLOAT32_MAX for lam in lambdas):
         raise ValueError(f"every lambda must be finite in float32, got {list(lambdas)}")
     if out_dtype is None:
-        out_dtype = portable.promoted(base, agents)
+        out_dtype = torch_loops.promoted(base, agents)
     out = torch.empty(base.shape, dtype=out_dtype, device=base.device)
     if base.numel() == 0:
         return out
@@ -183,10 +185,10 @@ def merge(
         if found & native.NON_FINITE_RESULT:
             _raise_non_finite_result(base, agents, lambdas, epsilon, out, names, tensor_name)
         return out
-    finite = portable.merge_into(base, agents, lambdas, epsilon, flat_out, _chunk(base, chunk), native.in_pool)
+    finite = torch_loops.merge_into(base, agents, lambdas, epsilon, flat_out, _chunk(base, chunk), native.in_pool)
     if not bool(finite):  # a NaN or Inf input, a task vector beyond float32 or a result beyond out_dtype
         _check_finite(
-            portable.count_chunks(base, agents, epsilon, _chunk(base, chunk), native.in_pool, diagnose=False)[1],
+            torch_loops.count_chunks(base, agents, epsilon, _chunk(base, chunk), native.in_pool, diagnose=False)[1],
             base,
             agents,
             names,
@@ -242,7 +244,7 @@ def _raise_non_finite_result(base, agents, lambdas, epsilon, out, names, tensor_
     flat = out.reshape(-1)
     bad = ~torch.isfinite(flat)
     index, count = int(bad.nonzero()[0]), int(bad.sum())
-    cdtype = portable.compute_dtype(base, agents)
+    cdtype = torch_loops.compute_dtype(base, agents)
     b = float(base.reshape(-1)[index].to(cdtype))
     deltas = [float(a.reshape(-1)[index].to(cdtype)) - b for a in agents]
     active = [t for t, d in enumerate(deltas) if abs(d) > epsilon]

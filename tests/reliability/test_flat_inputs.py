@@ -4,7 +4,7 @@ Decided behaviour: an input file is checked before mergekit opens it: a missing 
 damaged safetensors file, a pickle that refers to anything but tensors (zip or older format) is an
 error naming the file; a NaN, a shape mismatch or an integer tensor is an error naming the tensor and
 the file; a weights-only pickle of either format merges and equals the reference. Tensors some files
-lack follow `--tensor-union` / `--tensor-intersection` (`_mergekit/flat.py`): an agent that lacks a
+lack follow `--tensor-union` / `--tensor-intersection` (`_mergekit/raw_pytorch.py`): an agent that lacks a
 tensor left it unchanged; a tensor the base lacks is refused. The folder that holds an input file is
 refused as the output folder; nothing is ever written beside an input.
 """
