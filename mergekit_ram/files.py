@@ -90,6 +90,15 @@ class Headers:
         entry = self.get(path)[1].get(name)
         return entry if isinstance(entry, dict) else {}
 
+    def span(self, path: str, name: str) -> tuple[int, int] | None:
+        """Where in the file `path` the header places tensor `name`'s bytes, (first, end) from the file's start;
+        None when its entry holds no two offsets."""
+        offsets = self.entry(path, name).get("data_offsets")
+        if not isinstance(offsets, (list, tuple)) or len(offsets) != 2:
+            return None
+        start = self.get(path)[0]
+        return start + int(offsets[0]), start + int(offsets[1])
+
     def stored(self, path: str, name: str) -> tuple[str | None, list[int] | None]:
         """(dtype, shape) of tensor `name` as `path` stores it; (None, None) outside safetensors, for a header that
         cannot be read, or one that does not say."""

@@ -122,9 +122,11 @@ def read(path: str, name: str, spans: list[tuple[int, int]], headers: files.Head
     if said is None:
         raise errors.Unreadable(f"{path}: tensor {name} is not stored as a float (safetensors header)")
     dtype = getattr(torch, said)
-    start = headers.get(path)[0]
+    start, placed = headers.get(path)[0], headers.span(path, name)
+    if placed is None:
+        raise errors.Unreadable(f"{path}: tensor {name} has no byte offsets (safetensors header)")
     size, itemsize = os.path.getsize(path), torch.empty((), dtype=dtype).element_size()
-    first, last = (start + int(offset) for offset in entry["data_offsets"])
+    first, last = placed
     numel = math.prod(int(n) for n in entry["shape"])
     if last - first != numel * itemsize or first < start or last > size:
         raise errors.Unreadable(

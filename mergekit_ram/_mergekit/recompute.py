@@ -182,13 +182,13 @@ class MergekitMerge:
                 return
             start, _ = self.headers.get(path)
             ranges.setdefault(path, set()).add((0, start))
-            entry = self.headers.entry(path, name) if name is not None else {}
-            if len(entry.get("data_offsets") or ()) == 2:
-                first, last = start + int(entry["data_offsets"][0]), start + int(entry["data_offsets"][1])
+            placed = self.headers.span(path, name) if name is not None else None
+            if placed is not None and name is not None:
+                first, last = placed
                 if within is None:  # the whole tensor
                     ranges[path].add((first, last))
                     return
-                size = (last - first) // max(1, _numel(entry.get("shape")))
+                size = (last - first) // max(1, _numel(self.headers.entry(path, name).get("shape")))
                 ranges[path].update((min(last, first + a * size), min(last, first + b * size)) for a, b in within)
 
         for file in sorted(set(self.index.values())):  # ranges fetched, and a damaged file named, in one order
