@@ -293,6 +293,18 @@ def test_contributing_checks_command_is_what_ci_runs():
     assert ci.index(command) < ci.index("python -m pytest -q"), "the checks must run before the tests"
 
 
+@pytest.mark.quick
+def test_ci_runs_the_suite_again_with_every_command_started_for_real():
+    """The suite's commands are forks of warm interpreters (tests/zygote.py), which no CI stage checked against real
+    starts: right after stage 1's suite, CI runs it again with forking off, and CONTRIBUTING.md names that stage."""
+    command = "MERGEKIT_RAM_TEST_FORK=0 python -m pytest -q -n 2 -p no:cacheprovider"
+    ci = _logical_lines((REPO / ".ci" / "run").read_text())
+    assert command in ci, f".ci/run does not run the suite with every command started for real:\n  {command}"
+    between = ci[ci.index("python -m pytest -q") + 1 : ci.index(command)]
+    assert all(line.startswith(("set ", "stage ")) for line in between), between
+    assert command in (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8"), "CONTRIBUTING.md does not name it"
+
+
 
 # --------------------------------------------------------------------------- #
 # README install lines say what they do on any machine (issue 31)

@@ -2,20 +2,29 @@
 
 Most of a test that runs `mergekit-yaml` (or `mergekit-ram`, `mergekit-multi`, `mergekit-pytorch`, `python -m
 mergekit_ram.cli`) in a subprocess to check a message, an exit code or a file went on starting Python and importing
-torch, transformers and mergekit: 4-8 s each, hundreds of times. Here one interpreter per test process (the
-zygote) starts as any console script's does (the site's `.pth` start-up hook included, argv[0] a console script's)
-and imports those libraries once; each command is then a `fork()` of it that sets its argv, environment, working
-folder and standard streams and runs the console script's own file (or `python -m`'s module), ending as the script
-would (`sys.exit`, an uncaught exception's traceback and exit 1, a signal). The test sees a real process: its own
-pid, exit code and signals, a `CompletedProcess` from `subprocess.run`.
+torch, transformers and mergekit: 4-8 s each, hundreds of times. Here an interpreter per command and test process
+(a zygote) starts as that command's process does: the site's `.pth` start-up hook, then what the command imports
+before it runs, with the argv[0] it has then (the plugin's import-time hooks read it: a console script's process
+shows the plugin's warnings as `mergekit-ram: warning:` lines, `python -m mergekit_ram.cli`'s as logging's). A
+console script's zygote runs the script's own file up to its `main()` call (its `from ... import main`), so a forked
+`mergekit-pytorch` has imported what a real one has (not `mergekit.merge`); `mergekit-ram`'s and `python -m
+mergekit_ram.cli`'s also import torch, transformers and mergekit, which `inspect` and `verify` import when they run
+(`_WARM`). Each command is then a `fork()` of its zygote that sets its argv, environment, working folder and
+standard streams and runs the console script's own file (or `python -m`'s module), ending as the script would
+(`sys.exit`, an uncaught exception's traceback and exit 1, a signal). The test sees a real process: its own pid,
+exit code and signals, a `CompletedProcess` from `subprocess.run`.
 
 What the libraries read from the environment when imported is read again where it can be: huggingface_hub's
 `constants` (HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE, ..., each test's stand-in Hub) are re-run in a child whose
-values differ from the zygote's (`_rehome`). Any other difference (PYTHONHASHSEED, PYTHONPATH, ...) gets a zygote of
+values differ from the zygote's (`_rehome`). Any other difference (PYTHONHASHSEED, PYTHONPATH, ...) gets zygotes of
 its own from the second such command on, and a real start the first time; calls with options this does not model
 (a shell, `stdin=`, `preexec_fn`, a thread other than the main one), `Popen` (the kill tests) and tests marked
 `real_process` (the start-up hook, one real start per door: `tests/conftest.py`) run the real command.
-`MERGEKIT_RAM_TEST_FORK=0` turns it off. tests/test_zygote.py compares forked and real runs of the same commands.
+`MERGEKIT_RAM_TEST_FORK=0` turns it off (a CI stage runs the suite so: `.ci/run`). What still differs from a real
+start: a forked `mergekit-ram --version` or `example` has torch and mergekit loaded, which a real one loads later
+or not at all (their output is the same: tests/test_zygote.py); the interpreter's teardown of its modules is
+skipped (`_leave`); and whether a command forks depends on the commands its test process ran before.
+tests/test_zygote.py compares forked and real runs of the same commands.
 """
 
 from __future__ import annotations
@@ -42,18 +51,11 @@ _RUNTIME_NAMES = {"PWD", "OLDPWD", "COLUMNS", "LINES", "PATH", "CC"}
 #: read by huggingface_hub when it is imported (its `constants`): a child whose values differ re-reads them (_rehome)
 _HUB = ("HF_", "HUGGINGFACE_")
 _HUB_NAMES = {"HOME", "XDG_CACHE_HOME", "TRANSFORMERS_OFFLINE"}
-#: what the zygote imports before it forks: what every console script imports
-_PRELOAD = (
-    "torch",
-    "transformers",
-    "safetensors",
-    "mergekit.config",
-    "mergekit.merge",
-    "mergekit.options",
-    "mergekit.scripts.run_yaml",
-    "mergekit.scripts.multimerge",
-    "mergekit.scripts.merge_raw_pytorch",
-)
+#: what a command's zygote imports beyond the console script's own imports: what `mergekit-ram inspect` and `verify`
+#: import when they run (6 s a start; a forked `mergekit-ram --version` or `example` has them too, to no effect
+#: on what it prints or writes, checked by tests/test_zygote.py), and, for `python -m`, the same
+_LIBRARIES = ("torch", "transformers", "safetensors", "mergekit.config", "mergekit.merge", "mergekit.options")
+_WARM = {"mergekit-ram": _LIBRARIES, "mergekit_ram.cli": _LIBRARIES}
 _KNOWN = {
     "args",
     "capture_output",
@@ -75,6 +77,9 @@ _zygotes: dict[tuple, _Zygote] = {}
 _seen: dict[tuple, int] = {}
 #: set while a test marked `real_process` runs (conftest.py)
 real_only = False
+#: set by tests/test_zygote.py: fork from the first command of an environment (its zygote started at once), so that
+#: a comparison pays for one real start, not two
+eager = False
 #: how many of our commands were forked and how many started for real (the summary line of tests/conftest.py)
 counts = {"forked": 0, "started": 0}
 _preamble = b""
@@ -118,11 +123,14 @@ def run(*popenargs, **kwargs):
         counts["started"] += 1
         return _real_run(*popenargs, **kwargs)
     env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
-    key = _signature(env)
-    _seen[key] = _seen.get(key, 0) + 1  # the main thread only (above): no lock
+    signature = _signature(env)
+    _seen[signature] = _seen.get(signature, 0) + 1  # the main thread only (above): no lock
+    # a zygote per command: each imports what its command's real start does, with that start's argv[0]
+    command = _command(list(argv))
+    key = (signature, command)
     zygote = _zygotes.get(key)
-    if zygote is None and _seen[key] >= 2:
-        zygote = _zygotes[key] = _Zygote(env)
+    if zygote is None and (_seen[signature] >= 2 or eager):
+        zygote = _zygotes[key] = _Zygote(env, command)
     if zygote is None or not zygote.alive():
         counts["started"] += 1
         return _real_run(*popenargs, **kwargs)
@@ -131,17 +139,21 @@ def run(*popenargs, **kwargs):
 
 
 def stop_all() -> None:
+    for zygote in _zygotes.values():  # each ends as an interpreter does (coverage saved): all at once, then waited
+        if zygote.process.poll() is None:
+            zygote.process.stdin.close()
     for zygote in _zygotes.values():
         zygote.stop()
     _zygotes.clear()
 
 
 class _Zygote:
-    """One warm interpreter, started with `env`, that forks a child per request and reports how it ended."""
+    """One warm interpreter for `command` (`_command`'s pair), started with `env`, that forks a child per request and
+    reports how it ended."""
 
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, command: tuple[str, str]):
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--serve"],
+            [sys.executable, __file__, "--serve", *command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -158,7 +170,7 @@ class _Zygote:
 
     def stop(self) -> None:
         if self.process.poll() is None:
-            self.process.stdin.close()
+            self.process.stdin.close()  # a second close (stop_all's first) does nothing
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -274,7 +286,7 @@ def _exactly(stream, size: int) -> bytes | None:
 # ----------------------------------------------------------------------------- the zygote itself
 
 
-def _serve() -> None:
+def _serve(kind: str, name: str) -> None:
     import importlib
 
     del sys.path[0]  # this file's folder (tests/): a command's sys.path[0] is its own (set in _child)
@@ -283,12 +295,20 @@ def _serve() -> None:
     sys.stderr.flush()
     said = tempfile.TemporaryFile()  # noqa: SIM115 (read back below, the zygote's whole life)
     os.dup2(said.fileno(), 2)
-    # the plugin's import-time hooks read argv[0] (a command's process shows its warnings as `mergekit-ram:
-    # warning:` lines): they run here as in a console script's process
-    sys.argv = [str(Path(sys.executable).parent / "mergekit-yaml")]
-    for name in _PRELOAD:
+    # the plugin's import-time hooks read argv[0] (`errors.show_warnings_as_lines`: a process whose argv[0] names a
+    # mergekit command shows the plugin's warnings as `mergekit-ram: warning:` lines): they run here with the argv[0]
+    # the command's process has when they run in it
+    if kind == "script":
+        script = str(Path(sys.executable).parent / name)
+        sys.argv = [script]
+        # the script's imports, not its `main()` call (run under another name than __main__)
+        with contextlib.suppress(Exception), open(script, "rb") as f:
+            exec(compile(f.read(), script, "exec"), {"__name__": "__zygote__", "__file__": script})
+    else:
+        sys.argv = [_module_file(name)]
+    for module in _WARM.get(name, ()):
         with contextlib.suppress(Exception):  # a module a version lacks: the command imports what it needs
-            importlib.import_module(name)
+            importlib.import_module(module)
     sys.stderr.flush()
     said.seek(0)
     global _preamble
@@ -303,8 +323,11 @@ def _serve() -> None:
     _write(replies, "ready" if threads == 1 else f"{threads} threads")
     while True:
         request = _read(requests)
-        if request is None:
-            return
+        if request is None:  # the suite's end: its `atexit` (coverage's save), not the seconds of module teardown
+            import atexit
+
+            atexit._run_exitfuncs()
+            os._exit(0)
         pid = os.fork()
         if pid == 0:
             replies.close()
@@ -315,6 +338,16 @@ def _serve() -> None:
         _write(replies, pid)
         _, status = os.waitpid(pid, 0)
         _write(replies, status)
+
+
+def _module_file(name: str) -> str:
+    """`sys.argv[0]` of `python -m name` while its code runs: the file runpy runs ("-m" where it finds none)."""
+    import runpy
+
+    try:
+        return runpy._get_module_details(name)[1].origin  # type: ignore[attr-defined]
+    except Exception:  # a package without __main__, ...: runpy fails before it sets argv[0], in the child too
+        return "-m"
 
 
 def _child(request: dict) -> None:
@@ -437,5 +470,5 @@ def _rehome(before: dict, now: dict) -> None:
         hub._is_offline_mode = constants.HF_HUB_OFFLINE
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
-    _serve()
+if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
+    _serve(*sys.argv[2:4])
