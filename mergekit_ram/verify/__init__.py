@@ -1,10 +1,11 @@
 """verify's own modules: a finished merge's folder judged against what its record makes.
 
 - `driver`: `mergekit-ram verify`'s spine, from the folder's record to the verdict;
-- `recompute`: what verify needs of mergekit, as an interface (the seam's `_mergekit/recompute.py` implements it
-  and the CLI passes it in);
+- `recompute`: the interfaces the driver is written against: what verify needs of mergekit (the seam's
+  `_mergekit/recompute.py` implements it and the CLI passes it in), and what a method records beyond the weights
+  (`MethodChecks`);
 - `ramplus`: what verify checks of a `ramplus` merge beyond its weights (its statistics, rho and lambda, the counts
-  against a sample's slices, the card's RAM+ section);
+  against a sample's slices, the card's RAM+ section), plugged in as `ramplus.CHECKS`;
 - `other_files`: the folder's files beside the weights (config, card, tokenizer, code, adapters);
 - `bitwise`, `record_checks`, `published_checks`, `verdict`: the judging, on plain data;
 - `folder_checks`, `loader_files`: a stranger's folder read safely, and which files each loader reads;

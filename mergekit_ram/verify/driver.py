@@ -19,10 +19,10 @@ recompute interface (`recompute.Recompute`, which mergekit implements in the sea
    the statistics and the card's RAM+ section).
 
 With `--sample` (`sample`), step 3 recomputes a slice of every tensor (`Merge.compare_slices`), the tensors that
-cannot be sliced whole, with rho reduced from `ram_stats.json`'s per-tensor counts (`ramplus.recorded_statistics`)
-and the counts checked against the slices; inputs recorded as hub ids, and a merge fetched from the Hub, are read
-by ranges into sparse stand-ins in a temporary folder (`ranged`), each drawn tensor's bytes fetched before
-anything reads them.
+cannot be sliced whole, with rho reduced from `ram_stats.json`'s per-tensor counts and the counts checked against
+the slices (what the method records is its own checks': `recompute.MethodChecks`, `ramplus.CHECKS`); inputs recorded
+as hub ids, and a merge fetched from the Hub, are read by ranges into sparse stand-ins in a temporary folder
+(`ranged`), each drawn tensor's bytes fetched before anything reads them.
 
 Nothing is read from the statistics cache and nothing is written (`cachedir.read_only`): not into the folder or
 an input, not into the statistics cache, no kernel is built.
@@ -163,11 +163,9 @@ def _run_again(
     outcome.parameters = record_checks.plan_mismatches(recorded, merge.planned(), source=merge.planned_from)
     if outcome.parameters:
         return
-
-    def given(agents: list[str], epsilons: dict[str, float], needs_rho: bool) -> tuple[Any, str]:
-        return ramplus.recorded_statistics(recorded, agents, epsilons, needs_rho, merge.names)
-
-    made, stats, source = merge.prepare(seen, None if asked is None else given, count=bool(recorded.get("tensors")))
+    method = ramplus.CHECKS  # what the method records beyond the weights (a record of another is refused)
+    given = None if asked is None else method.given(recorded, merge.names)
+    made, stats, source = merge.prepare(seen, given, count=bool(recorded.get("tensors")))
     made = record_checks.as_recorded({**made, "merge": recorded.get("merge")}, merge.labels)
     outcome.statistics = source
     outcome.parameters = record_checks.rho_mismatches(recorded, made)
@@ -180,7 +178,7 @@ def _run_again(
             mirror.fill_all(spans)  # the slices' bytes, before anything reads them
         counted = merge.compare_slices(drawn, outcome)
         if stats is not None:
-            _counts_against_slices(merge, stats, counted, found)
+            method.against_slices(merge, stats, counted, recorded, outcome)
         only = set(drawn.whole)
     merge.compare(outcome, only)
     if outcome.sample is not None:
@@ -189,22 +187,7 @@ def _run_again(
         if mirror is not None:
             outcome.sample.bytes_read += mirror.reader.received
             outcome.sample.more_than_needed += mirror.reader.more_than_needed
-    other_files.check(found.folder, recorded, made, outcome, **merge.beside())
-
-
-def _counts_against_slices(merge: recompute.Merge, stats: Any, counted: dict, found: Found) -> None:
-    """A sample's checks of the recorded counts: each tensor's element count against the plan's, each count
-    against its slice's, the tensors checked whole counted again, and each agent's totals against the slices'
-    estimate (`ramplus`)."""
-    outcome, names = found.outcome, merge.names
-    assert outcome.sample is not None
-    outcome.files += ramplus.numel_mismatches(stats, merge.planned_numels())
-    outcome.files += ramplus.within_slices(stats, counted, outcome.sample, names)
-    outcome.files += ramplus.recount_problems(found.recorded, merge.count_again(set(outcome.sample.whole), names))
-    if counted and stats.agents:
-        parameters = merge.parameters(next(iter(counted)))  # the first sliced tensor's, as planned
-        lines, outcome.sample.counts = ramplus.totals(stats, counted, outcome.sample, parameters, names)
-        outcome.files += lines
+    other_files.check(found.folder, recorded, made, outcome, method, **merge.beside())
 
 
 def _inputs_unchanged(merge: recompute.Merge, found: Found, seen: dict[str, dict]) -> bool:

@@ -1,15 +1,15 @@
 """`mergekit-ram verify`, first and last steps: the folder's own files, before anything opens one
 (`refusal`), and the files beside the weights, once the merge has run again (`check`).
 
-Every file a loader reads is checked, or makes the verdict "differs": `ram_stats.json`'s statistics and the
-card's RAM+ section against the recomputed report (`ramplus`); `config.json` against the config mergekit writes for the
-planned merge (`_model_out_config`, as the planner holds it); the tokenizer, chat template and generation
-config files against the base's when mergekit copies them byte for byte; the weight files another loader
-reads when they are not those mergekit reads (a single file beside an index, pickles beside safetensors). A
-file a loader reads that the merge does not write (a PEFT adapter, code, a tokenizer file the base lacks) is
-a difference. "Not checked" names only the files no loader reads, and a tokenizer the merge built (not
-copied), which verify does not build again. The files are read and named by
-`folder_checks` and `loader_files`; the judging is `published_checks`', on plain data.
+Every file a loader reads is checked, or makes the verdict "differs": `ram_stats.json`'s statistics and the card's
+RAM+ section against the recomputed report (the method's own checks, `recompute.MethodChecks`); `config.json`
+against the config mergekit writes for the planned merge (`_model_out_config`, as the planner holds it); the
+tokenizer, chat template and generation config files against the base's when mergekit copies them byte for byte; the
+weight files another loader reads when they are not those mergekit reads (a single file beside an index, pickles
+beside safetensors). A file a loader reads that the merge does not write (a PEFT adapter, code, a tokenizer file the
+base lacks) is a difference. "Not checked" names only the files no loader reads, and a tokenizer the merge built
+(not copied), which verify does not build again. The files are read and named by `folder_checks` and `loader_files`;
+the judging is `published_checks`', on plain data.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 from mergekit_ram.checks import input_checks, output_checks
-from mergekit_ram.verify import folder_checks, loader_files, published_checks, ramplus, record_checks, verdict
+from mergekit_ram.verify import folder_checks, loader_files, published_checks, recompute, record_checks, verdict
 
 #: files verify reads to plan and compare (checked on their own)
 RECORDS = (output_checks.STATS_FILE, record_checks.CONFIG_FILE)
@@ -51,6 +51,7 @@ def check(
     recorded: dict,
     recomputed: dict,
     outcome: verdict.Outcome,
+    method: recompute.MethodChecks,
     *,
     out_config: Any = None,
     merge_config: Any = None,
@@ -73,7 +74,7 @@ def check(
     found, seen = published_checks.other_view_differences(folder, choices)
     outcome.files += found
     outcome.checked += [f"{line} (the same tensors)" for line in seen]
-    ramplus.check_statistics(recorded, recomputed, outcome)
+    method.check_statistics(recorded, recomputed, outcome)
     present = loader_files.beside(folder)
     covered |= set(present)
     adapter = [name for name in present if name in loader_files.ADAPTER]
@@ -85,7 +86,7 @@ def check(
     if out_config is not None:
         _config(folder, out_config, merge_config, outcome)
         covered.add("README.md")
-        ramplus.check_card(folder, recorded, outcome)
+        method.check_card(folder, recorded, outcome)
     elif "config.json" in present:
         outcome.files.append(f"config.json: {NOT_WRITTEN} (mergekit-pytorch writes none)")
     others = [name for name in present if name not in adapter and name != "config.json"]

@@ -22,7 +22,7 @@ from mergekit_ram.checks.output_checks import STATS_FILE
 from mergekit_ram.core import cache, formulas, statistics
 from mergekit_ram.errors import Unreadable
 from mergekit_ram.reporting import card, report, versions
-from mergekit_ram.verify import folder_checks, published_checks, sample, verdict
+from mergekit_ram.verify import folder_checks, published_checks, recompute, sample, verdict
 
 #: at most this many differing leaves of ram_stats.json are named
 SHOWN = 5
@@ -188,6 +188,27 @@ def _lambda_moved(active: int, unique: int, room: float, parameters: Mapping[str
     return max(abs(lam(active + room, unique - room) - now), abs(lam(active - room, unique + room) - now))
 
 
+def against_slices(
+    merge: recompute.Merge,
+    stats: statistics.Statistics,
+    counted: dict[str, statistics.TensorCounts],
+    recorded: dict,
+    outcome: verdict.Outcome,
+) -> None:
+    """A sample's checks of the recorded counts: each tensor's element count against the plan's, each count
+    against its slice's, the tensors checked whole counted again, and each agent's totals against the slices'
+    estimate."""
+    names, drawn = merge.names, outcome.sample
+    assert drawn is not None
+    outcome.files += numel_mismatches(stats, merge.planned_numels())
+    outcome.files += within_slices(stats, counted, drawn, names)
+    outcome.files += recount_problems(recorded, merge.count_again(set(drawn.whole), names))
+    if counted and stats.agents:
+        parameters = merge.parameters(next(iter(counted)))  # the first sliced tensor's, as planned
+        lines, drawn.counts = totals(stats, counted, drawn, parameters, names)
+        outcome.files += lines
+
+
 def check_statistics(recorded: dict, recomputed: dict, outcome: verdict.Outcome) -> None:
     """ram_stats.json against the report of the merge run again (one of an older format read in the current
     format's shape, `labels.upgraded`: its keys the format lacks are notes)."""
@@ -249,3 +270,28 @@ def check_card(folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
     outcome.files += [f"README.md: {line}" for line in lineage]
     if not lineage:
         outcome.checked.append("the card's front matter (base_model, base_model_relation, tags)")
+
+
+class RamPlusChecks:
+    """`recompute.MethodChecks` of a `ramplus` merge: this module's checks, as the driver calls them."""
+
+    def given(self, recorded: dict, labels: Mapping[str, str]) -> recompute.Given:
+        def reduced(agents: list[str], epsilons: dict[str, float], needs_rho: bool) -> Any:
+            return recorded_statistics(recorded, agents, epsilons, needs_rho, labels)
+
+        return reduced
+
+    def against_slices(
+        self, merge: recompute.Merge, stats: Any, counted: dict, recorded: dict, outcome: verdict.Outcome
+    ) -> None:
+        against_slices(merge, stats, counted, recorded, outcome)
+
+    def check_statistics(self, recorded: dict, recomputed: dict, outcome: verdict.Outcome) -> None:
+        check_statistics(recorded, recomputed, outcome)
+
+    def check_card(self, folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
+        check_card(folder, recorded, outcome)
+
+
+#: the checks of the one method verify runs again (`record_checks.read_report` refuses another method's record)
+CHECKS = RamPlusChecks()

@@ -1,4 +1,5 @@
-"""What `verify` needs of mergekit: a recorded merge planned and run again, as a small interface.
+"""The interfaces verify's driver is written against: what it needs of mergekit (`Recompute`, `Merge`: a recorded
+merge planned and run again), and what a merge method records beyond the weights (`MethodChecks`).
 
 verify judges on plain data; mergekit plans and runs. The one implementation is the seam's
 (`mergekit_ram._mergekit.recompute.MERGEKIT`), which the CLI passes to `driver.verify`: someone upgrading
@@ -100,4 +101,27 @@ class Merge(Protocol):
 
     def beside(self) -> dict[str, Any]:
         """What `other_files.check` needs to judge the files mergekit writes beside the weights."""
+        ...
+
+
+class MethodChecks(Protocol):
+    """What a merge method records beyond its weights, and how verify checks it (`ramplus.CHECKS`): the driver and
+    `other_files` call these and know nothing else of the method."""
+
+    def given(self, recorded: dict, labels: Mapping[str, str]) -> Given:
+        """The recorded statistics a sample reduces instead of counting every tensor (`labels`: input -> label)."""
+        ...
+
+    def against_slices(
+        self, merge: Merge, stats: Any, counted: dict[str, statistics.TensorCounts], recorded: dict, outcome: Any
+    ) -> None:
+        """A sample's checks of what the record counts, against the slices' counts (into `outcome`)."""
+        ...
+
+    def check_statistics(self, recorded: dict, recomputed: dict, outcome: verdict.Outcome) -> None:
+        """The method's record (ram_stats.json) against the report of the merge run again."""
+        ...
+
+    def check_card(self, folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
+        """The method's part of the model card."""
         ...
