@@ -32,6 +32,25 @@ hub id (found by reading their code and by logging requests; see `requests`):
   records (path, the Range asked or None, the bytes of the body) of every file's GET (the Hub's path, also for
   the bytes the other origin sends).
 
+* `GET /api/models/{repo}/commits/{revision}` (`HfApi.list_repo_commits`: verify's `history`, finding the
+  commit of an unpinned input current when a merge was published): JSON, newest first, the commits from the
+  revision back to the repository's first (the commits `squash` removed left out),
+  `[{"id", "title", "message", "authors": [{"user"}], "date"}]`, `date` as the Hub writes it
+  (`2024-01-01T00:00:00.000Z`). One page, unless `commits_page` is set: then that many commits a page, the next
+  page (`?p=N`, from 0) named in a `Link: <URL>; rel="next"` header, which huggingface_hub's `paginate` follows.
+  A commit's date is `set_date`'s, else increasing: one hour apart, in the order the commits were given (all
+  repositories' together, so a repository given later is newer). A commit's weight files and their LFS sha256
+  are its tree's (`list_repo_tree(repo, revision=commit)`, above).
+
+What a repository can be made to be, after the stub starts (each named by its id; see the methods):
+`squash(repo, n)` removes its commits before the n-th (its history before then squashed away: they are no
+longer in its history, and asking for one answers RevisionNotFound); `rename(old, new)`: every request naming
+`old` answers 307 with a relative `Location` naming `new` (as the Hub redirects a renamed repository), which
+huggingface_hub follows; `gate(repo)`: its metadata (`"gated": "manual"`), tree and history answer, its files
+answer 401 (403 with an `Authorization` header) with `X-Error-Code: GatedRepo` (huggingface_hub's
+GatedRepoError); `make_private(repo)`: every request about it answers 401 with `X-Error-Code: RepoNotFound` (a
+private repository, asked without a token: RepositoryNotFoundError, as for one deleted).
+
 A revision is `main` or a full commit hash of that repository. Anything else answers 404
 with the `X-Error-Code` the hub sends (`RepoNotFound`, `RevisionNotFound`,
 `EntryNotFound`), so huggingface_hub raises its usual errors; every request is recorded
@@ -49,6 +68,7 @@ import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -72,6 +92,14 @@ class Blob:
 class Repo:
     commits: dict[str, dict[str, Blob]] = field(default_factory=dict)  # sha -> filename -> blob, oldest first
     main: str = ""
+    dates: dict[str, datetime] = field(default_factory=dict)  # sha -> its date, where `set_date` gave one
+    renamed_to: str | None = None  # `rename`: every request is redirected there
+    gated: bool = False
+    private: bool = False
+
+
+#: the date of the first commit given, when `set_date` gives none (each next commit one hour later)
+FIRST_DATE = datetime(2024, 1, 1, tzinfo=timezone.utc)
 
 
 def commit_sha(repo_id: str, number: int) -> str:
@@ -173,6 +201,98 @@ class HubStub:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # ------------------------------------------------------------ history (list_repo_commits)
+
+    #: commits per page of a repository's history (None: one page), as the Hub pages a long one
+    commits_page: int | None = None
+
+    def _sha(self, repo_id: str, number: int) -> str:
+        return self.shas[repo_id][number - 1]
+
+    def set_date(self, repo_id: str, number: int, when: datetime | str) -> None:
+        """The date of `repo_id`'s `number`-th commit (from 1): an aware datetime, or ISO 8601 text."""
+        when = datetime.fromisoformat(when.replace("Z", "+00:00")) if isinstance(when, str) else when
+        assert when.tzinfo is not None, "a commit's date names its time zone, as the Hub's do"
+        self.repos[repo_id].dates[self._sha(repo_id, number)] = when
+
+    def date(self, repo_id: str, sha: str) -> datetime:
+        """A commit's date: `set_date`'s, else one hour after the commit given before it (in any repository)."""
+        given = self.repos[repo_id].dates.get(sha)
+        if given is not None:
+            return given
+        order = list(dict.fromkeys(s for shas in self.shas.values() for s in shas))  # a renamed repo's, once
+        return FIRST_DATE + timedelta(hours=order.index(sha))
+
+    def squash(self, repo_id: str, number: int) -> None:
+        """Remove `repo_id`'s commits before its `number`-th: its history before then squashed away. (The Hub's
+        super-squash also makes one new commit of them; what verify meets is the same: those commits are gone.)"""
+        repo = self.repos[repo_id]
+        for sha in self.shas[repo_id][: number - 1]:
+            repo.commits.pop(sha, None)
+
+    def rename(self, old: str, new: str) -> None:
+        """`old` becomes `new`: its commits are `new`'s, and a request naming `old` is redirected (307)."""
+        self.repos[new] = self.repos.pop(old)
+        self.repos[old] = Repo(renamed_to=new)
+        self.shas[new] = self.shas[old]
+
+    def gate(self, repo_id: str) -> None:
+        """Its files answer 401/403 GatedRepo; its metadata says `"gated": "manual"`."""
+        self.repos[repo_id].gated = True
+
+    def make_private(self, repo_id: str) -> None:
+        """Every request about it answers 401 RepoNotFound, as the Hub answers for a private one without a token."""
+        self.repos[repo_id].private = True
+
+    def _refused(self, handler, parts: list[str], body: bool) -> bool:
+        """Answered (and True) when the repository a request names is renamed, private, or gated for a file."""
+        api = parts[:2] == ["api", "models"] and len(parts) >= 4
+        if not api and not (len(parts) >= 5 and parts[2] == "resolve"):
+            return False
+        at = 2 if api else 0
+        repo = self.repos.get(f"{parts[at]}/{parts[at + 1]}")
+        if repo is None:
+            return False
+        if repo.renamed_to is not None:
+            path = "/".join([*parts[:at], repo.renamed_to, *parts[at + 2 :]])
+            query = urlsplit(handler.path).query
+            headers = {"Location": f"/{path}" + (f"?{query}" if query else "")}  # relative, as the Hub's
+            self._send(handler, 307, b"", headers, body)
+            return True
+        if repo.private:
+            headers = {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Invalid username or password."}
+            self._send(handler, 401, b"", headers, body)
+            return True
+        if repo.gated and not api:
+            status = 403 if handler.headers.get("Authorization") else 401
+            headers = {"X-Error-Code": "GatedRepo", "X-Error-Message": "Access to this model is restricted (stub)"}
+            self._send(handler, status, b"", headers, body)
+            return True
+        return False
+
+    def _commits(self, handler, repo_id: str, revision: str, body: bool) -> None:
+        repo, sha = self._commit(repo_id, revision)
+        if sha is None:
+            return self._missing(handler, repo, body)
+        kept = list(repo.commits)  # oldest first, the squashed ones removed
+        history = kept[: kept.index(sha) + 1][::-1]
+        numbers = {s: n for n, s in enumerate(self.shas[repo_id], start=1)}
+        items = [
+            {"id": s, "title": f"commit {numbers[s]}", "message": "", "authors": [{"user": "hub-stub"}],
+             "date": self.date(repo_id, s).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"}
+            for s in history
+        ]
+        headers = {}
+        if self.commits_page:
+            found = re.search(r"(?:^|&)p=(\d+)", urlsplit(handler.path).query)
+            page = int(found[1]) if found else 0
+            size = self.commits_page
+            items, more = items[page * size : (page + 1) * size], len(items) > (page + 1) * size
+            if more:
+                path = urlsplit(handler.path).path
+                headers["Link"] = f'<{self.url}{path}?p={page + 1}>; rel="next"'
+        self._json(handler, items, headers, body)
+
     # ------------------------------------------------------------ requests
 
     def _commit(self, repo_id: str, revision: str) -> tuple[Repo | None, str | None]:
@@ -184,8 +304,12 @@ class HubStub:
 
     def _answer(self, handler: BaseHTTPRequestHandler, *, body: bool) -> None:
         parts = [unquote(p) for p in urlsplit(handler.path).path.split("/")[1:]]
+        if self._refused(handler, parts, body):
+            return None
         if parts[:2] == ["api", "models"] and len(parts) >= 4:
             repo_id, rest = f"{parts[2]}/{parts[3]}", parts[4:]
+            if len(rest) == 2 and rest[0] == "commits":
+                return self._commits(handler, repo_id, rest[1], body)
             if rest == [] or (len(rest) == 2 and rest[0] == "revision"):
                 return self._info(handler, repo_id, rest[1] if rest else "main", body)
             if len(rest) >= 2 and rest[0] == "tree":
@@ -203,7 +327,8 @@ class HubStub:
         if sha is None:
             return self._missing(handler, repo, body)
         files = repo.commits[sha]
-        data = {"id": repo_id, "modelId": repo_id, "sha": sha, "private": False, "disabled": False, "gated": False,
+        data = {"id": repo_id, "modelId": repo_id, "sha": sha, "private": False, "disabled": False,
+                "gated": "manual" if repo.gated else False,
                 "siblings": [{"rfilename": name} for name in files], "tags": []}
         self._json(handler, data, {"X-Repo-Commit": sha}, body)
 
