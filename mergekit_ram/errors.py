@@ -14,8 +14,8 @@ untouched. A script calling `run_merge` gets the same line when it does not catc
 catches `RamError` (or `ValueError`).
 
 Every error class of the package is defined here (`RamError` and its kinds; the few that are no
-one-line refusal: `NotVerifiable`, `Unreadable`, `UnsafeLocation`, `IncompatibleMergekit`); the modules
-that raise them import them from here.
+one-line refusal: `NotVerifiable`, `Unreadable` and its `InputUnavailable`, `UnsafeLocation`,
+`IncompatibleMergekit`); the modules that raise them import them from here.
 
 No torch, no mergekit: `inspect`'s command line and the reliability suite's harness use
 `one_line` too.
@@ -78,6 +78,18 @@ class NotVerifiable(ValueError):
 class Unreadable(ValueError):
     """A file verify needs cannot be read or is refused (damaged, special, a link out of the folder, too large or
     too deep), or an input cannot be checked: verify cannot check the folder (exit 3)."""
+
+
+class InputUnavailable(Unreadable):
+    """An unpinned Hub input whose commit at the merge's publication cannot be found (`verify.history`): the
+    repository deleted or private (`reason` "missing"), gated ("gated"), renamed ("renamed", `renamed_to` the id
+    the Hub now gives), its history before the merge squashed away ("squashed"), no weights up to then
+    ("no-weights"), its branch gone ("no-revision"), or the Hub not answering or contradicting itself
+    ("unreachable"). Cannot check (exit 3), never a difference: `input` is the id the config names."""
+
+    def __init__(self, message: str, *, input: str, reason: str, renamed_to: str | None = None):
+        super().__init__(message)
+        self.input, self.reason, self.renamed_to = input, reason, renamed_to
 
 
 class UnsafeLocation(RuntimeError):

@@ -11,7 +11,8 @@
 - `folder_checks`, `loader_files`: a stranger's folder read safely, and which files each loader reads;
 - `input_copies`: the user's copies of recorded inputs;
 - `sample`: `--sample`'s draw and what passing it says; `ranged`: its bytes read by HTTP ranges;
-- `hub`: a merge, or an input, on the Hugging Face Hub.
+- `hub`: a merge, or an input, on the Hugging Face Hub; `history`: which commit of an unpinned Hub input a
+  published merge was made from (its candidates up to the merge's publication, and the search among them).
 
 They may import `checks`, `reporting`, `core` and the shared top-level modules (`errors`, `files`, `session`);
 never the seam. No merge code imports them: only the CLI, the doors (which read a record) and the seam's
