@@ -132,6 +132,10 @@ def test_candidates_are_the_commits_up_to_T_newest_first_one_per_set_of_weights(
     assert all(c.how == history.inferred(at) == "inferred from its history at 2025-03-04T17:00:00Z" for c in found)
     assert found[0].weights_hash != found[1].weights_hash
     assert [c.commit for c in history.candidates("org/input", "main", at, limit=1)] == [shas[2]]
+    with pytest.raises(ValueError, match="limit"):
+        history.candidates("org/input", "main", at, limit=0)
+    with pytest.raises(ValueError, match="time zone"):
+        history.candidates("org/input", "main", at.replace(tzinfo=None))
     at_4 = history.candidates("org/input", "main", START + 4 * DAY)  # T at commit 4's own date: it counts
     assert [c.commit for c in at_4] == [shas[3], shas[2], shas[1]]
 

@@ -103,6 +103,8 @@ def candidates(repo_id: str, branch: str, before: datetime, *, limit: int | None
         raise ValueError("before: a time with its time zone (the Hub's dates are UTC)")
     if not hub.REVISION.fullmatch(branch):
         raise ValueError(f"{repo_id}: {branch!r} is not a branch name")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit: at least 1, not {limit}")
     from huggingface_hub import HfApi
 
     said, how = f"{repo_id}@{branch}", inferred(before)
