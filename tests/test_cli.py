@@ -332,7 +332,7 @@ def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_o
 
     command = verify_command.command()
     names = {p.name for p in command.params}
-    taken = set(MergeOptions.model_fields) - set(RECORDED_OPTIONS) - set(WRITES)
+    taken = set(MergeOptions.model_fields) - set(RECORDED_OPTIONS) - set(WRITES) | {"random_seed"}
     assert taken <= names and not (set(MergeOptions.model_fields) - taken) & names
     assert {"gpu_rich", "device", "cuda", "num_threads", "read_to_gpu", "multi_gpu", "low_cpu_memory"} <= taken
     assert {"target", "as_json", "inputs", "inputs_from", "input_dir", "trust"} <= names
@@ -381,7 +381,7 @@ def test_verify_help_lists_what_changes_verify_grouped(capsys, monkeypatch):
     sections = dict(zip(headings, re.split(r"\n(?:" + "|".join(headings) + r")\n", text)[1:]))
     flags = {h: re.findall(r"^  (-\w, --[-\w]+|-[-\w]+)", body, re.M) for h, body in sections.items()}
     assert flags == {
-        "What it checks:": ["--sample", "--sample-seed", "--trust-remote-code"],
+        "What it checks:": ["--sample", "--sample-seed", "--random-seed", "--trust-remote-code"],
         "Where the inputs are:": ["--input", "--inputs-from", "--input-dir", "--transformers-cache"],
         "How it recomputes:": ["--cuda", "--device", "--low-cpu-memory", "--read-to-gpu", "--multi-gpu",
                                "-j, --num-threads", "--gpu-rich"],

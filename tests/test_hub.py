@@ -532,12 +532,13 @@ def test_a_repository_the_hub_cannot_give_is_one_line_exit_3(hub, published, arg
                             "revision": None}  # fmt: skip
 
 
-def test_a_repository_that_holds_no_ramplus_merge_is_a_usage_error(hub, published):
-    """As a folder without ram_stats.json: exit 2, one line, nothing but the listing asked."""
+def test_a_repository_that_holds_no_merge_record_cannot_be_checked(hub, published):
+    """As a folder without ram_stats.json or mergekit_config.yml: exit 3, one line, nothing but the listing asked."""
     done, asked = verify_hub(published, hub, "org/base")
-    assert done.returncode == 2, done.stdout + done.stderr[-3000:]
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("mergekit-ram verify: error: org/base@main (commit ") and "holds no ram_stats.json" in line
+    assert line.startswith("mergekit-ram verify: cannot check: org/base@main (commit ")
+    assert "holds neither ram_stats.json nor mergekit_config.yml" in line
     assert asked == [("GET", "/api/models/org/base/revision/main")]
 
 

@@ -104,6 +104,7 @@ VERIFY_IMPORTERS = {
 SEAM_WITHOUT_MERGEKIT = {
     "mergekit_ram._mergekit": "the seam's package: its docstring maps the modules",
     "mergekit_ram._mergekit.tokenizer_order": "mirrors mergekit's union tokenizer's numbering (`hooks` installs it)",
+    "mergekit_ram._mergekit.methods": "mergekit's own methods as verify sees them (what each reads and draws), by name",
 }
 
 

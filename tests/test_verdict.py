@@ -94,7 +94,8 @@ def test_each_result_has_its_headline_and_exit_code():
 
 
 def test_json_follows_the_schema():
-    outcome = Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="computed")
+    outcome = Outcome(folder=FOLDER, entry_point="run_merge", merged=True, statistics="computed", method="ties")
+    outcome.environment = {"device": "cpu", "threads": 2}
     outcome.add(compare("c", torch.tensor([1.0]), torch.tensor([math.inf])))
     outcome.add(differing())
     outcome.notes.append("torch 2.14.0 is installed; ...")
@@ -106,6 +107,7 @@ def test_json_follows_the_schema():
         "folder": FOLDER,
         "hub": None,
         "entry_point": "run_merge",
+        "method": "ties",
         "result": "differs",
         "exit_code": 1,
         "headline": f"{FOLDER}: NOT identical (2 problems):",
@@ -122,6 +124,7 @@ def test_json_follows_the_schema():
         "not_checked": [],
         "problems": outcome.problems(),
         "notes": ["torch 2.14.0 is installed; ..."],
+        "environment": {"device": "cpu", "threads": 2},
     }
     assert found["tensors"][1]["name"] == "c" and found["tensors"][1]["max_abs_difference"] == "inf"
 

@@ -446,6 +446,7 @@ def test_json_schema(abc, tmp_path, capsys):
         "folder": str(abc),
         "hub": None,
         "entry_point": "run_merge",
+        "method": "ramplus",
         "result": "identical",
         "exit_code": 0,
         "headline": f"{abc}: bit-identical, {tensors} tensors (rho counted again)",
@@ -462,7 +463,9 @@ def test_json_schema(abc, tmp_path, capsys):
         "not_checked": [],
         "problems": [],
         "notes": [],
+        "environment": found["environment"],
     }
+    assert set(found["environment"]) == {"device", "threads", "cpu_capability", "torch", "mergekit"}
     assert found["checked"][0] == "the identities of 4 input(s)", found["checked"]
     stats = read_stats(abc)
     recorded = [(label, row["model"], row["role"], row["identity"]) for label, row in stats["inputs"].items()]

@@ -29,6 +29,8 @@ subpackage hooks in from outside:
   comparing each tensor where it would be saved, or slice by slice through each
   tensor's own merge task for `verify --sample`; `comparing`: the tasks that
   compare where mergekit would save, and a published tensor's bytes read by range;
+- `methods`: mergekit's own merge methods as verify sees them: which merge element by element (a sample may
+  slice them), which draw random numbers;
 - `options`: mergekit's merge options, declared for `inspect` and `verify` without importing
   mergekit (their help answers at once);
 - `tokenizer_order`: a union tokenizer's added tokens numbered in one order in a `ramplus` merge;

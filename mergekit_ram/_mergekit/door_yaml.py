@@ -17,7 +17,7 @@ from mergekit_ram import errors, session
 from mergekit_ram._mergekit import counting, planner, surface, tasks
 from mergekit_ram.checks import config_checks, input_checks, output_checks, paths
 from mergekit_ram.method import resolves_to_ours
-from mergekit_ram.reporting import report
+from mergekit_ram.reporting import report, versions
 from mergekit_ram.session import MergeSession, Mode
 from mergekit_ram.verify import folder_checks, hub, input_copies, record_checks
 
@@ -65,8 +65,10 @@ class YamlDoor:
                 "with the model card; was it merged with --no-write-model-card?)"
             )
         config = _read_config(folder)
-        if not resolves_to_ours(config.merge_method):
-            raise errors.NotVerifiable(f"{path} merges with {config.merge_method!r}; verify checks ramplus merges")
+        if not recorded.get(record_checks.CONFIG_ONLY) and not resolves_to_ours(config.merge_method):
+            raise errors.NotVerifiable(
+                f"{path} merges with {config.merge_method!r}, but {output_checks.STATS_FILE} records a ramplus merge"
+            )
         config, labels = pinned(config, recorded, copies)
         surface.forget_loaders(config.referenced_models())  # read as the files are now
         from mergekit.io.tasks import LoaderCache
@@ -148,6 +150,63 @@ class InConfigOrder:
 
     def referenced_models(self) -> list[Any]:
         return list(self._models)
+
+
+def config_record(folder: str) -> dict:
+    """What a merge folder without ram_stats.json records, read from its `mergekit_config.yml` (mergekit writes
+    it with the card): the method, and each input as the config names it (its label), in the config's order, with
+    no identity. errors.Unreadable (verify: cannot check) when the folder holds no config, a config mergekit
+    cannot read, a method this mergekit lacks, or a ramplus merge, whose record is missing."""
+    from mergekit import merge_methods
+
+    path = os.path.join(folder, record_checks.CONFIG_FILE)
+    if not os.path.lexists(path):
+        raise errors.Unreadable(
+            f"{folder} holds neither {output_checks.STATS_FILE} nor {record_checks.CONFIG_FILE}, so nothing says "
+            "what was merged (a merge written with --no-write-model-card, or not a merge); the config it was merged "
+            f"with, saved there as {record_checks.CONFIG_FILE}, would let verify check it"
+        )
+    raw = folder_checks.read_yaml(folder, record_checks.CONFIG_FILE)
+    method = raw.get("merge_method") if isinstance(raw, dict) else None
+    try:
+        merge_methods.get(str(method))
+    except RuntimeError:
+        raise errors.Unreadable(
+            f"{path} merges with {str(method)[:80]!r}, a method this mergekit ({versions.installed('mergekit')}) does "
+            "not have (another plugin's, or a newer mergekit's): install what made it to check it"
+        ) from None
+    if resolves_to_ours(str(method)):
+        raise errors.Unreadable(
+            f"{folder} holds no {output_checks.STATS_FILE}, which every ramplus merge writes with its weights: a "
+            "merge that stopped before the end, or a record removed; verify needs it to check a ramplus merge"
+        )
+    config = _read_config(folder)
+    base, models = config.base_model, config_checks.models_in_order(config)
+    inputs: dict[str, dict] = {
+        str(model): {"model": str(model), "role": "base" if model == base else "input", "identity": _pin(model)}
+        for model in models
+    }
+    names = [ref.path for model in models for ref in (model.model, model.lora) if ref is not None]
+    shaped = {name for name in names if name[:1] not in "/~" and name.count("/") <= 1}  # `mergekit.card.is_hf`
+    return {
+        "method": str(method),
+        record_checks.CONFIG_ONLY: True,
+        # the hub ids mergekit's card names (`base_model`); `maybe`: shaped so, but folders here too (mergekit asked
+        # the Hub whether it had them)
+        "hub_ids": {
+            "certain": sorted(n for n in shaped if not os.path.exists(n)),
+            "maybe": sorted(n for n in shaped if os.path.exists(n)),
+        },
+        "base_model": None if base is None else str(base),
+        "inputs": inputs,
+        "merge": {"entry_point": ENTRY_POINT},
+    }
+
+
+def _pin(model: Any) -> dict:
+    """The identity a config records of an input: the commit it names (`org/name@<commit>`), else none."""
+    revision = model.model.revision if model.lora is None else None
+    return {"revision": revision} if revision and hub.COMMIT.fullmatch(revision) else {}
 
 
 def _read_config(folder: str) -> Any:

@@ -24,7 +24,7 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from mergekit_ram import errors, files
-from mergekit_ram._mergekit import comparing, counting, door, loading, pipeline, surface, tasks
+from mergekit_ram._mergekit import comparing, counting, door, door_yaml, loading, methods, pipeline, surface, tasks
 from mergekit_ram.core import cache, statistics
 from mergekit_ram.errors import InputError, NonFiniteResultError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
@@ -42,6 +42,11 @@ class Mergekit:
         names = door.DOORS.get(str(entry_point), door.DOORS["run_merge"]).names
         return surface.problems(surface.PREPASS) + surface.problems(names) + surface.problems(surface.VERIFY)
 
+    def config_record(self, folder: str) -> dict:
+        """What a folder without ram_stats.json records: its `mergekit_config.yml`'s method and inputs (in the
+        config's order, base first), with no identity (`door_yaml.config_record`)."""
+        return door_yaml.config_record(folder)
+
     @contextlib.contextmanager
     def open(
         self, folder: str, recorded: dict, record: dict, options: Any, copies: Mapping[str, str]
@@ -52,7 +57,8 @@ class Mergekit:
         merge = MergekitMerge(through, folder, recorded)
         with active(merge.session):
             try:
-                pipeline.check_config(merge.session)
+                if resolves_to_ours(getattr(through.config, "merge_method", NAME)):  # another method's: mergekit's
+                    pipeline.check_config(merge.session)
             except ValueError as error:
                 raise InputError(f"{through.where}: {error}") from error
             try:
@@ -154,8 +160,10 @@ class MergekitMerge:
         from mergekit.io.tasks import GatherTensors
         from mergekit.merge_methods.task_adapter import ExecuteMergeMethodTask, TensorDictWrapper
 
-        if not isinstance(task, ExecuteMergeMethodTask) or not resolves_to_ours(task.method_name):
-            return f"made by {type(task).__name__}, not by a ramplus merge task"
+        if not isinstance(task, ExecuteMergeMethodTask):
+            return f"made by {type(task).__name__}, not by a merge method's task"
+        if not resolves_to_ours(task.method_name) and not methods.sliceable(task):
+            return f"{task.method_name} merges it from the whole tensor (a sort, a norm or an angle over it)"
         gather = task.gather_tensors
         if not isinstance(gather, (GatherTensors, TensorDictWrapper)):
             return f"mergekit maps its rows ({type(gather).__name__}: a vocabulary aligned through the tokenizer)"
@@ -246,10 +254,23 @@ class MergekitMerge:
             if merged is not None and dtype:
                 merged = merged.to(dtype=dtype_from_name(dtype))
             outcome.add(bitwise.compare(name, merged, comparing.read(published, name, spans, self.headers)))
+            if not resolves_to_ours(task.method_name):  # another method counts nothing
+                continue
             counts = counting.CountTask(merge_task=task).execute(tensors=inputs)
             if counts is not None:
                 counted[name] = counts
         return counted
+
+    def random(self) -> dict[str, str]:
+        drawing = {}
+        for name, task, _optional, _dtype in self.plan.saves():
+            method = methods.method_of(task)
+            if method is None or resolves_to_ours(method):
+                continue
+            shape = self._planned_shape(task, name)
+            if methods.draws_random(task, None if shape is None else _numel(shape)):
+                drawing[name] = method
+        return drawing
 
     def planned_numels(self) -> dict[str, int]:
         out = {}
@@ -272,6 +293,11 @@ class MergekitMerge:
         return {t.output_weight.name: counted.get(t.output_weight.name) for t in wanted}
 
     def compare(self, outcome: verdict.Outcome, only: Collection[str] | None = None) -> None:
+        seed = getattr(self.through.options, "random_seed", None)
+        if seed is not None:  # as run_merge seeds before its executor runs: each task then draws what it drew
+            import transformers
+
+            transformers.trainer_utils.set_seed(seed)
         saves = self.plan.saves()
         targets = [comparing.compare_task(self.folder, *save) for save in saves if only is None or save[0] in only]
         planned = {save[0] for save in saves}

@@ -22,9 +22,10 @@ from mergekit_ram.cli.grouped_help import grouped
 
 HELP = (
     "Check that TARGET, a merge's output folder or ORG/NAME[@REVISION] on the Hugging Face Hub (only the files "
-    "verify reads are fetched, never code), holds what its ramplus merge makes of its inputs: each input's recorded "
-    "identity, the plan, every tensor recomputed (rho counted again in memory: the statistics cache is never "
-    "evidence, verify never reads it) and compared bit for bit, then the statistics, the card and the other files a "
+    "verify reads are fetched, never code), holds what its merge makes of its inputs: a ramplus merge from its "
+    "ram_stats.json (each input's recorded identity, the plan, rho counted again in memory: the statistics cache is "
+    "never evidence, verify never reads it), a merge by any of mergekit's own methods from its mergekit_config.yml; "
+    "every tensor recomputed and compared bit for bit, then the statistics, the card and the other files a "
     "loader reads; writing nothing, running no code of them. "
     "Exit 0: bit-identical; 1: not what it records (each difference named); 2: a usage error; 3: cannot check (an "
     "input missing or changed, a file or option refused, the Hub unreachable or contradicting)."
@@ -32,7 +33,7 @@ HELP = (
 
 #: verify's options in --help by what they change (`--lora-merge-cache`, where merged LoRAs are written: unlisted)
 GROUPS = {
-    "What it checks": ("share", "seed", "trust"),
+    "What it checks": ("share", "seed", "random_seed", "trust"),
     "Where the inputs are": ("inputs", "inputs_from", "input_dir", "transformers_cache"),
     "How it recomputes": ("cuda", "device", "low_cpu_memory", "read_to_gpu", "multi_gpu", "num_threads", "gpu_rich"),
     "What it prints": ("as_json", "quiet", "verbosity", "help"),
@@ -46,6 +47,11 @@ TRUST_HELP = (
 SAMPLE_HELP = (
     "check a slice of every output tensor holding at least P (in (0, 1]) of it, reading only its bytes; exit 0 then "
     "means no difference in the sample (docs/verify.md)"
+)
+RANDOM_SEED_HELP = (
+    "mergekit's --random-seed, the seed the merge ran with: a method that draws random numbers (dare_ties, "
+    "dare_linear, della, della_linear; arcee_fusion on large tensors) is checked only with it, since nothing records "
+    "it; a wrong seed makes those tensors differ"
 )
 SEED_HELP = (
     "the seed of --sample's draw, an integer: the same seed draws the same slices on every machine, so a verdict can "
@@ -87,6 +93,7 @@ def command() -> click.Command:
     @click.option("--trust-remote-code", "trust", is_flag=True, help=TRUST_HELP)
     @click.option("--sample", "share", metavar="P", help=SAMPLE_HELP)
     @click.option("--sample-seed", "seed", metavar="N", help=SEED_HELP)
+    @click.option("--random-seed", "random_seed", metavar="N", type=int, help=RANDOM_SEED_HELP)
     # not the merge options the folder's record fixes (`report.RECORDED_OPTIONS`: mergekit's `--trust-remote-code`
     # among them, replaced by verify's own flag above, the user's consent), nor those of writing a folder
     # (`options.WRITES`)
@@ -100,6 +107,7 @@ def command() -> click.Command:
         trust: bool,
         share: str | None,
         seed: str | None,
+        random_seed: int | None,
         **merge: Any,
     ) -> None:
         from mergekit_ram.verify import sample  # a bad value: ValueError, its one line (exit 2)
@@ -114,6 +122,7 @@ def command() -> click.Command:
             inputs_from=inputs_from,
             input_dir=input_dir,
             sample=drawn,
+            random_seed=random_seed,
         )
 
     return verify
@@ -129,6 +138,7 @@ def run(
     input_dir: Path | None = None,
     trust: bool = False,
     sample: tuple[float, int] | None = None,
+    random_seed: int | None = None,
 ) -> None:
     """`merge`: mergekit's merge options, made a `MergeOptions` (torch, mergekit) after the usage checks. What the
     command line alone shows wrong is refused here, before the heavy imports: an `--input` or `--inputs-from`
@@ -161,6 +171,8 @@ def run(
         from mergekit_ram.verify import driver
 
         options = merge_options.merge_options(merge)
+        if random_seed is not None:  # mergekit's own option, which verify takes apart from those of reading inputs
+            options = options.model_copy(update={"random_seed": random_seed})
         options.apply_global_options()
         with hub.guarded():  # the inputs a hub id names: their answers checked and bounded too
             outcome = driver.verify(

@@ -6,6 +6,8 @@
   (`MethodChecks`);
 - `ramplus`: what verify checks of a `ramplus` merge beyond its weights (its statistics, rho and lambda, the counts
   against a sample's slices, the card's RAM+ section), plugged in as `ramplus.CHECKS`;
+- `any_method`: what verify checks beyond the weights of a merge by one of mergekit's own methods, which records
+  only its `mergekit_config.yml` and its card (`any_method.CHECKS`);
 - `other_files`: the folder's files beside the weights (config, card, tokenizer, code, adapters);
 - `bitwise`, `record_checks`, `published_checks`, `verdict`: the judging, on plain data;
 - `folder_checks`, `loader_files`: a stranger's folder read safely, and which files each loader reads;

@@ -33,7 +33,8 @@ from mergekit_ram.errors import NotVerifiable, Unreadable
 from mergekit_ram.verify import folder_checks, loader_files
 
 #: what verify reads beside the weights, by name (the weights: `loader_files.SINGLE`, `PICKLED` and their indexes)
-RECORDS = (output_checks.STATS_FILE, "mergekit_config.yml", "README.md", "config.json")
+CONFIG_FILE = "mergekit_config.yml"
+RECORDS = (output_checks.STATS_FILE, CONFIG_FILE, "README.md", "config.json")
 #: a commit id as the Hub names one (huggingface_hub's own `REGEX_COMMIT_HASH`)
 COMMIT = re.compile(r"[0-9a-f]{40}")
 #: a request that names a commit: a file at it, the repository at it, its tree at it
@@ -131,10 +132,10 @@ def fetch(
             if COMMIT.fullmatch(requested) and commit != requested:
                 raise _Lie(f"the Hub answered with commit {commit}, not the commit {requested} asked for")
             listed = sorted(s.rfilename for s in info.siblings or [])
-            if output_checks.STATS_FILE not in listed:  # as a folder without it: a usage error
-                raise NotVerifiable(
-                    f"{said} (commit {commit}) holds no {output_checks.STATS_FILE}: not the output of a finished "
-                    "ramplus merge"
+            if output_checks.STATS_FILE not in listed and CONFIG_FILE not in listed:  # as a folder without both
+                raise Unreadable(
+                    f"{said} (commit {commit}) holds neither {output_checks.STATS_FILE} nor {CONFIG_FILE}, so "
+                    "nothing says what was merged (a merge written with --no-write-model-card, or not a merge)"
                 )
             left = [name for name in listed if wanted(name) and not weights and _weight(name)]
             first = [name for name in listed if wanted(name) and name not in left]

@@ -64,7 +64,8 @@ def check(
     the merge ran with trust_remote_code, so its config carries the donor's code beside it)."""
     covered = set(RECORDS)
     choices = loader_files.loader_choices(folder)
-    outcome.checked.append("the planned parameters and rho against ram_stats.json")
+    if method.checked_record is not None:
+        outcome.checked.append(method.checked_record)
     what = "tensors" if outcome.sample is None else "tensors' slices (the rest whole, where named)"
     outcome.checked.append(
         f"{outcome.compared:,} {what} bit for bit (in what mergekit reads: {choices.get('mergekit')})"

@@ -22,7 +22,7 @@ from mergekit_ram.checks.output_checks import STATS_FILE
 from mergekit_ram.core import cache, formulas, statistics
 from mergekit_ram.errors import Unreadable
 from mergekit_ram.reporting import card, report, versions
-from mergekit_ram.verify import folder_checks, published_checks, recompute, sample, verdict
+from mergekit_ram.verify import folder_checks, published_checks, recompute, record_checks, sample, verdict
 
 #: at most this many differing leaves of ram_stats.json are named
 SHOWN = 5
@@ -274,6 +274,21 @@ def check_card(folder: str, recorded: dict, outcome: verdict.Outcome) -> None:
 
 class RamPlusChecks:
     """`recompute.MethodChecks` of a `ramplus` merge: this module's checks, as the driver calls them."""
+
+    checked_record: str | None = "the planned parameters and rho against ram_stats.json"
+
+    def prepare(
+        self, merge: recompute.Merge, recorded: dict, seen: dict[str, dict], sampled: bool, outcome: verdict.Outcome
+    ) -> tuple[dict, Any] | None:
+        outcome.parameters = record_checks.plan_mismatches(recorded, merge.planned(), source=merge.planned_from)
+        if outcome.parameters:
+            return None
+        given = self.given(recorded, merge.names) if sampled else None
+        made, stats, source = merge.prepare(seen, given, count=bool(recorded.get("tensors")))
+        made = record_checks.as_recorded({**made, "merge": recorded.get("merge")}, merge.labels)
+        outcome.statistics = source
+        outcome.parameters = record_checks.rho_mismatches(recorded, made)
+        return made, stats
 
     def given(self, recorded: dict, labels: Mapping[str, str]) -> recompute.Given:
         def reduced(agents: list[str], epsilons: dict[str, float], needs_rho: bool) -> Any:

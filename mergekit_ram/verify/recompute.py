@@ -35,6 +35,12 @@ class Recompute(Protocol):
         """What this mergekit lacks to run a merge of `entry_point` again (empty: nothing)."""
         ...
 
+    def config_record(self, folder: str) -> dict:
+        """What a folder without ram_stats.json records, from its `mergekit_config.yml`: the method and the inputs
+        as the config names them, none with an identity (`record_checks.CONFIG_ONLY`); errors.Unreadable when it
+        cannot say (no config, a method this mergekit lacks, a ramplus merge without its record)."""
+        ...
+
     def open(
         self, folder: str, recorded: dict, record: dict, options: Any, copies: Mapping[str, str]
     ) -> AbstractContextManager[Merge]:
@@ -85,6 +91,11 @@ class Merge(Protocol):
         """Each drawn slice recomputed and compared (into `outcome`); the slices' counts, tensor -> counts."""
         ...
 
+    def random(self) -> dict[str, str]:
+        """The tensors whose merge draws random numbers (mergekit's `--random-seed` decides them): tensor ->
+        method."""
+        ...
+
     def planned_numels(self) -> dict[str, int]:
         """Each counted tensor's element count as planned (what the inputs' or the published header says)."""
         ...
@@ -108,8 +119,15 @@ class MethodChecks(Protocol):
     """What a merge method records beyond its weights, and how verify checks it (`ramplus.CHECKS`): the driver and
     `other_files` call these and know nothing else of the method."""
 
-    def given(self, recorded: dict, labels: Mapping[str, str]) -> Given:
-        """The recorded statistics a sample reduces instead of counting every tensor (`labels`: input -> label)."""
+    #: what `check_statistics` checks, as the verdict's "checked" list says it (None: the method records nothing)
+    checked_record: str | None
+
+    def prepare(
+        self, merge: Merge, recorded: dict, seen: dict[str, dict], sampled: bool, outcome: verdict.Outcome
+    ) -> tuple[dict, Any] | None:
+        """Before any tensor is recomputed: the plan checked against the record and what the method needs counted
+        (`sampled`: for a sample, reduced from the record where it can be): (the report a merge of the method
+        writes, its statistics), or None when the plan differs from the record (said in `outcome`)."""
         ...
 
     def against_slices(

@@ -25,6 +25,9 @@ from mergekit_ram.verify.bitwise import json_number, shown
 #: 1 to 3 name the inputs by path, read in 4's shape: `labels.upgraded`)
 READABLE = (1, 2, 3, 4)
 CONFIG_FILE = "mergekit_config.yml"
+#: the mark of a record read from `mergekit_config.yml` alone (a merge by one of mergekit's own methods, which
+#: writes no ram_stats.json): its inputs carry no identity (`Recompute.config_record`)
+CONFIG_ONLY = "config_only"
 
 
 # --------------------------------------------------------------------------- #
@@ -72,6 +75,11 @@ def read_report(folder: str) -> dict:
     if len(rows) != len(inputs) or len(labels) != len(inputs) or set(labels) != set(inputs):
         raise Unreadable(f"{path}: its inputs table does not name the base and the agents: is the folder damaged?")
     return found
+
+
+def has_report(folder: str) -> bool:
+    """Whether `folder` holds a ram_stats.json (else verify reads what `mergekit_config.yml` says)."""
+    return os.path.lexists(os.path.join(folder, output_checks.STATS_FILE))
 
 
 def read_merge_record(report: dict) -> dict:

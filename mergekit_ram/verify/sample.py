@@ -153,6 +153,8 @@ class Sample:
     bytes_read: int = 0
     more_than_needed: list[str] = field(default_factory=list)
     counts: str | None = None
+    #: whether the folder records per-tensor counts a sample checks through their sums (ramplus's ram_stats.json)
+    counted: bool = True
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -217,10 +219,11 @@ class Sample:
         """What a sample leaves unchecked."""
         left = self.total - self.elements
         out = [f"the bits of {left:,} elements outside the slices ({100 * left / max(1, self.total):.1f} %)"]
-        out.append(
-            "each tensor's counts in ram_stats.json, but through the per-agent totals, rho and lambda they must sum "
-            "to and their slice's counts" + (f" ({self.counts})" if self.counts else "")
-        )
+        if self.counted:
+            out.append(
+                "each tensor's counts in ram_stats.json, but through the per-agent totals, rho and lambda they must "
+                "sum to and their slice's counts" + (f" ({self.counts})" if self.counts else "")
+            )
         return out
 
     def as_json(self) -> dict:

@@ -93,6 +93,10 @@ class Outcome:
     error: str | None = None
     #: `--sample`: the draw, its bytes read (`sample.Sample`); None for a full verify
     sample: Sample | None = None
+    #: the merge method the folder records ("ramplus", or mergekit's own), None when unread
+    method: str | None = None
+    #: where the merge was recomputed: device, threads, cpu_capability, torch, mergekit (`driver.environment`)
+    environment: dict[str, Any] | None = None
 
     def add(self, found: Difference) -> None:
         """One compared tensor (identical ones are counted, not kept)."""
@@ -192,6 +196,7 @@ class Outcome:
             "folder": self.folder,
             "hub": None if self.hub is None else dict(self.hub),
             "entry_point": self.entry_point,
+            "method": self.method,
             "result": SAMPLED if self.identical and self.sample is not None else self.result,
             "exit_code": self.exit_code,
             "headline": self.headline(),
@@ -208,6 +213,7 @@ class Outcome:
             "not_checked": self.not_checked + (self._unsampled() if self.merged else []),
             "problems": self.problems(),
             "notes": list(self.notes),
+            "environment": None if self.environment is None else dict(self.environment),
         }
         if self.sample is not None:
             out["sample"] = self.sample.as_json()

@@ -82,13 +82,19 @@ def test_a_file_given_as_the_folder(rel, capsys, tmp_path):
 
 @pytest.mark.quick
 def test_another_methods_folder(rel, qwen_bf16, run_yaml, capsys, tmp_path):
+    """A merge by one of mergekit's own methods is checked from its mergekit_config.yml (issue 70), writing nothing;
+    without the config, nothing says what was merged: exit 3, saying so."""
     agents = [qwen_bf16.path("A"), qwen_bf16.path("B")]
     text = config_yaml(qwen_bf16.path("base"), agents, method="task_arithmetic", model_parameters={0: {"weight": 1.0}, 1: {"weight": 1.0}})
     run = run_yaml(text, out=tmp_path / "o")
     rel.watch(run.out, *qwen_bf16.paths.values())
-    code, _, err = _verify(capsys, run.out)
-    assert code == 2
-    rel.names(_one_line(err), run.out, "ram_stats.json", "not the output of a finished ramplus merge")
+    code, out, err = _verify(capsys, run.out)
+    assert code == 0, out + err
+    bare = Path(shutil.copytree(run.out, tmp_path / "bare"))
+    (bare / "mergekit_config.yml").unlink()
+    code, out, _ = _verify(capsys, bare)
+    assert code == 3
+    rel.names(_cannot_check(out, bare), bare, "neither ram_stats.json nor mergekit_config.yml")
 
 
 @pytest.mark.parametrize(
