@@ -81,6 +81,10 @@ class MergeSession:
     #: (hub id, revision) -> its snapshot folder in the Hub cache, for the hub ids the Hub could not be asked
     #: about (offline, unreachable): mergekit reads them there (`checks/hub_cache.py`)
     from_cache: dict[tuple[str, str | None], str] = field(default_factory=dict)
+    #: `verify` of a merge by another method: token -> id in the published tokenizer. mergekit numbers a union's
+    #: added tokens in a hash map's order (another in each process): the merge is run again in the order it wrote
+    #: (`tokenizer_order`). None: ramplus's own order, by id
+    vocabulary: Mapping[str, int] | None = None
 
     def owns(self, config: Any) -> bool:
         """Whether `config` is this session's (mergekit passes the same object along)."""

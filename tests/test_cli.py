@@ -381,7 +381,7 @@ def test_verify_help_lists_what_changes_verify_grouped(capsys, monkeypatch):
     sections = dict(zip(headings, re.split(r"\n(?:" + "|".join(headings) + r")\n", text)[1:]))
     flags = {h: re.findall(r"^  (-\w, --[-\w]+|-[-\w]+)", body, re.M) for h, body in sections.items()}
     assert flags == {
-        "What it checks:": ["--sample", "--sample-seed", "--random-seed", "--trust-remote-code"],
+        "What it checks:": ["--sample", "--sample-seed", "--random-seed", "--accept-last-bits", "--trust-remote-code"],
         "Where the inputs are:": ["--input", "--inputs-from", "--input-dir", "--transformers-cache"],
         "How it recomputes:": ["--cuda", "--device", "--low-cpu-memory", "--read-to-gpu", "--multi-gpu",
                                "-j, --num-threads", "--gpu-rich"],

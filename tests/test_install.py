@@ -279,6 +279,10 @@ def test_ci_stops_when_a_chained_command_fails():
     assert not bare, f".ci/run goes on after a failure in these lines (wrap each in `( ... )`): {bare}"
 
 
+#: the README's test command, stage 1 of .ci/run
+TESTS = "python -m pytest -q -n 2"
+
+
 @pytest.mark.quick
 def test_contributing_checks_command_is_what_ci_runs():
     """CONTRIBUTING.md's checks command runs in .ci/run, after set-up command 1, before the tests."""
@@ -290,7 +294,7 @@ def test_contributing_checks_command_is_what_ci_runs():
     assert "ruff check" in command and "ruff format --check" in command and "mypy" in command
     ci = _logical_lines((REPO / ".ci" / "run").read_text())
     assert command in ci, f".ci/run does not run the checks command:\n  {command}"
-    assert ci.index(command) < ci.index("python -m pytest -q"), "the checks must run before the tests"
+    assert ci.index(command) < ci.index(TESTS), "the checks must run before the tests"
 
 
 @pytest.mark.quick
@@ -300,7 +304,7 @@ def test_ci_runs_the_suite_again_with_every_command_started_for_real():
     command = "MERGEKIT_RAM_TEST_FORK=0 python -m pytest -q -n 2 -p no:cacheprovider"
     ci = _logical_lines((REPO / ".ci" / "run").read_text())
     assert command in ci, f".ci/run does not run the suite with every command started for real:\n  {command}"
-    between = ci[ci.index("python -m pytest -q") + 1 : ci.index(command)]
+    between = ci[ci.index(TESTS) + 1 : ci.index(command)]
     assert all(line.startswith(("set ", "stage ")) for line in between), between
     assert command in (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8"), "CONTRIBUTING.md does not name it"
 

@@ -480,7 +480,9 @@ def test_json_schema(abc, tmp_path, capsys):
     (row,) = found["tensors"]
     assert set(row) == {
         "name", "status", "elements", "differing", "nan", "max_abs_difference", "published", "recomputed", "detail",
+        "max_ulp",
     }
+    assert row["max_ulp"] == 1
     assert row["published"] == row["recomputed"] == "bfloat16 [64, 32]"
     assert found["problems"] == [f"differs: lm_head.weight: 1 of 2,048 elements, max |difference| {row['max_abs_difference']:g}"]
 

@@ -52,12 +52,12 @@ def verify(out: Path, capsys, *flags: str) -> tuple[int, dict]:
     return code, json.loads(capsys.readouterr().out)
 
 
-def change_one_tensor(out: Path, name: str) -> None:
-    """Every element of tensor `name` moved by one step of its dtype (its bits + 1)."""
+def change_one_tensor(out: Path, name: str, steps: int = 1) -> None:
+    """Every element of tensor `name` moved by `steps` steps of its dtype (its bits + steps)."""
     path = next(out.glob("*.safetensors"))
     tensors = load_file(path)
     bits = tensors[name].view(torch.int16)
-    tensors[name] = (bits + 1).view(tensors[name].dtype)
+    tensors[name] = (bits + steps).view(tensors[name].dtype)
     save_file(tensors, path, metadata={"format": "pt"})
 
 
@@ -69,6 +69,7 @@ def folders(tmp_path_factory, qwen_bf16):
     root = tmp_path_factory.mktemp("any_method")
     made = {
         "task_arithmetic": config("task_arithmetic", qwen_bf16, parameters="{weight: 0.6}"),
+        "linear": config("linear", qwen_bf16, base=None, parameters="{weight: 0.4}"),
         "ties": config("ties", qwen_bf16, parameters="{weight: 0.5, density: 0.7}"),
         "slerp": slerp(qwen_bf16),
         "dare_ties": config("dare_ties", qwen_bf16, parameters="{weight: 0.5, density: 0.6}"),
@@ -194,3 +195,24 @@ def test_an_input_gone_is_named_and_a_copy_can_stand_for_it(folders, qwen_bf16, 
     code, said = verify(out, capsys, "--input", f"{tmp_path / 'gone'}={copy}")
     assert code == 0, said["problems"]
     assert said["inputs"][2]["detail"] == f"read from {copy}, given (--input)"
+
+
+@pytest.mark.parametrize("steps, code, result", [(1, 3, "last bits differ"), (3, 3, "last bits differ"), (4, 1, "differs")])
+def test_a_difference_in_the_last_bits_a_method_moves_between_machines_is_no_forgery(
+    folders, tmp_path, capsys, steps, code, result
+):
+    """linear's last bits move with the CPU's vector instructions (up to 3 units in the last place, measured): a
+    tensor that differs only that much gets its own result, exit 3, or 0 with --accept-last-bits; more is exit 1."""
+    out = copy_of(folders, "linear", tmp_path)
+    change_one_tensor(out, "model.layers.1.mlp.up_proj.weight", steps)
+    found, said = verify(out, capsys)
+    assert (found, said["result"]) == (code, result)
+    assert said["tensors"][0]["max_ulp"] == steps
+    if code == 3:
+        assert said["rounding"].startswith(f"at most {steps} units in the last place: linear moves up to 3")
+        assert said["environment"]["cpu_capability"] in said["rounding"]
+        found, said = verify(out, capsys, "--accept-last-bits")
+        assert (found, said["result"]) == (0, "identical but for the last bits")
+    else:
+        assert said["rounding"] is None
+        assert verify(out, capsys, "--accept-last-bits")[0] == 1

@@ -29,6 +29,16 @@ RANDOM_SPARSIFIERS = frozenset({"dare_ties", "dare_linear", "della", "della_line
 FUSION_SAMPLED_ABOVE = 1_000_000
 
 
+#: methods whose last bits were measured to move between machines, the same inputs and config given
+#: (benchmarks/determinism.py; docs/verify.md's table): method -> (the most units in the last place measured, what
+#: moved them). Bits equal in two processes, and at 1 and 2 threads, for every method.
+LAST_BITS: dict[str, tuple[int, str]] = {
+    "linear": (3, "the CPU's vector instructions (ATEN_CPU_CAPABILITY default against AVX512)"),
+    "multislerp": (3, "the torch version (2.6 against 2.13)"),
+    "karcher": (2, "the torch version (2.6 against 2.13)"),
+}
+
+
 def method_of(task: Any) -> str | None:
     """The merge method that makes a planned tensor (None: a task that merges nothing, a copied buffer's)."""
     name = getattr(task, "method_name", None)

@@ -29,7 +29,7 @@ from mergekit_ram.core import cache, statistics
 from mergekit_ram.errors import InputError, NonFiniteResultError
 from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
 from mergekit_ram.session import Mode, active
-from mergekit_ram.verify import bitwise, recompute, record_checks, sample, verdict
+from mergekit_ram.verify import any_method, bitwise, recompute, record_checks, sample, verdict
 
 
 class Mergekit:
@@ -80,6 +80,8 @@ class MergekitMerge:
         self.index = comparing.published_index(folder)
         self.names = record_checks.recorded_labels(recorded, through.labels)
         self.session = through.session(Mode.VERIFY, labels=self.names)
+        if recorded.get(record_checks.CONFIG_ONLY):  # mergekit's own union order: the one the folder holds
+            self.session.vocabulary = any_method.published_vocabulary(folder)
         self.headers = files.Headers()
         self._models = through.models()
         self._plan: tasks.Plan | None = None
@@ -240,7 +242,8 @@ class MergekitMerge:
                 wanted = dtype_from_name(_cast(task, model))
                 inputs[model] = tensor if wanted is None else tensor.to(dtype=wanted)
             published = os.path.join(self.folder, self.index[name])
-            planned = [int(n) for n in comparing.stored_entry(*found[str(task.base_model)], self.headers)["shape"]]
+            first = task.base_model if task.base_model is not None else task.model_order[0]  # linear has no base
+            planned = [int(n) for n in comparing.stored_entry(*found[str(first)], self.headers)["shape"]]
             mismatch = comparing.published_mismatch(published, name, planned, dtype, self.headers)
             if mismatch is not None:
                 outcome.add(mismatch)
@@ -260,6 +263,10 @@ class MergekitMerge:
             if counts is not None:
                 counted[name] = counts
         return counted
+
+    def rounding(self) -> tuple[int, str] | None:
+        method = str(getattr(self.through.config, "merge_method", ""))
+        return None if resolves_to_ours(method) else methods.LAST_BITS.get(method)
 
     def random(self) -> dict[str, str]:
         drawing = {}

@@ -7,7 +7,7 @@ tokens each other's embedding and `lm_head` rows. Here each tokenizer lists its 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mergekit_ram import session
@@ -21,13 +21,51 @@ def union_in_order(original: Callable[..., Any]) -> Callable[..., Any]:
     base's first and the others by model: the same merge writes the same bytes."""
 
     def build_union_tokenizer(base_tok: Any, tokenizers: dict, *args: Any, **kwargs: Any) -> Any:
-        if session.current() is None:  # another method's merge: mergekit's own order
+        current = session.current()
+        if current is None:  # another method's merge: mergekit's own order
             return original(base_tok, tokenizers, *args, **kwargs)
+        if current.vocabulary is not None:  # verify of another method's merge: the order its tokenizer holds
+            return original(base_tok, *as_published(base_tok, tokenizers, current.vocabulary), *args, **kwargs)
         first, *rest = tokenizers.items()
         ordered = dict([first, *sorted(rest, key=lambda item: str(item[0]))])
         return original(base_tok, {model: ById(tok) for model, tok in ordered.items()}, *args, **kwargs)
 
     return build_union_tokenizer
+
+
+def as_published(base_tok: Any, tokenizers: dict, vocabulary: Mapping[str, int]) -> tuple[dict]:
+    """`tokenizers` listing their tokens, and listed, so that mergekit numbers the tokens a union adds as the
+    published tokenizer (`vocabulary`: token -> id) numbers them: each tokenizer's tokens by their published id
+    (those it lacks after, by their own), the tokenizers by the first published id of the tokens the base lacks."""
+    known = base_tok.get_vocab()
+    unknown = 1 + max(vocabulary.values(), default=0)
+
+    def rank(item: tuple[str, int]) -> tuple[int, int, str]:
+        return (vocabulary.get(item[0], unknown), item[1], item[0])
+
+    def first_new(tok: Any) -> int:
+        return min((vocabulary.get(t, unknown) for t in tok.get_vocab() if t not in known), default=unknown)
+
+    listed = {model: ByRank(tok, rank) for model, tok in tokenizers.items()}
+    return (dict(sorted(listed.items(), key=lambda item: (first_new(item[1]), str(item[0])))),)
+
+
+class ByRank:
+    """A tokenizer whose vocabulary and added tokens are listed by `rank` of (token, id)."""
+
+    def __init__(self, tokenizer: Any, rank: Callable[[tuple[str, int]], Any]):
+        self._tokenizer, self._rank = tokenizer, rank
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(sorted(self._tokenizer.get_vocab().items(), key=self._rank))
+
+    @property
+    def added_tokens_decoder(self) -> dict[int, Any]:
+        found = self._tokenizer.added_tokens_decoder
+        return dict(sorted(found.items(), key=lambda item: self._rank((getattr(item[1], "content", ""), item[0]))))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
 
 
 class ById:

@@ -33,7 +33,7 @@ HELP = (
 
 #: verify's options in --help by what they change (`--lora-merge-cache`, where merged LoRAs are written: unlisted)
 GROUPS = {
-    "What it checks": ("share", "seed", "random_seed", "trust"),
+    "What it checks": ("share", "seed", "random_seed", "accept_last_bits", "trust"),
     "Where the inputs are": ("inputs", "inputs_from", "input_dir", "transformers_cache"),
     "How it recomputes": ("cuda", "device", "low_cpu_memory", "read_to_gpu", "multi_gpu", "num_threads", "gpu_rich"),
     "What it prints": ("as_json", "quiet", "verbosity", "help"),
@@ -47,6 +47,11 @@ TRUST_HELP = (
 SAMPLE_HELP = (
     "check a slice of every output tensor holding at least P (in (0, 1]) of it, reading only its bytes; exit 0 then "
     "means no difference in the sample (docs/verify.md)"
+)
+LAST_BITS_HELP = (
+    "accept differences confined to the last bits that the merge's method is measured to move between machines "
+    "(linear, multislerp, karcher: a few units in the last place; docs/verify.md): exit 0, result 'identical but for "
+    "the last bits', instead of 3; a larger difference is exit 1 whatever this says"
 )
 RANDOM_SEED_HELP = (
     "mergekit's --random-seed, the seed the merge ran with: a method that draws random numbers (dare_ties, "
@@ -94,6 +99,7 @@ def command() -> click.Command:
     @click.option("--sample", "share", metavar="P", help=SAMPLE_HELP)
     @click.option("--sample-seed", "seed", metavar="N", help=SEED_HELP)
     @click.option("--random-seed", "random_seed", metavar="N", type=int, help=RANDOM_SEED_HELP)
+    @click.option("--accept-last-bits", "accept_last_bits", is_flag=True, help=LAST_BITS_HELP)
     # not the merge options the folder's record fixes (`report.RECORDED_OPTIONS`: mergekit's `--trust-remote-code`
     # among them, replaced by verify's own flag above, the user's consent), nor those of writing a folder
     # (`options.WRITES`)
@@ -108,6 +114,7 @@ def command() -> click.Command:
         share: str | None,
         seed: str | None,
         random_seed: int | None,
+        accept_last_bits: bool,
         **merge: Any,
     ) -> None:
         from mergekit_ram.verify import sample  # a bad value: ValueError, its one line (exit 2)
@@ -123,6 +130,7 @@ def command() -> click.Command:
             input_dir=input_dir,
             sample=drawn,
             random_seed=random_seed,
+            accept_last_bits=accept_last_bits,
         )
 
     return verify
@@ -139,6 +147,7 @@ def run(
     trust: bool = False,
     sample: tuple[float, int] | None = None,
     random_seed: int | None = None,
+    accept_last_bits: bool = False,
 ) -> None:
     """`merge`: mergekit's merge options, made a `MergeOptions` (torch, mergekit) after the usage checks. What the
     command line alone shows wrong is refused here, before the heavy imports: an `--input` or `--inputs-from`
@@ -185,6 +194,7 @@ def run(
                 input_dir=None if input_dir is None else str(input_dir),
                 published=published,
                 sample=sample,
+                accept_last_bits=accept_last_bits,
             )
     except errors.NotVerifiable as error:
         raise UsageError(str(error)) from error

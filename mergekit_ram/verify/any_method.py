@@ -19,6 +19,25 @@ YAML_INTRO = "The following YAML configuration was used to produce this model:"
 FENCE = "```yaml\n"
 
 
+def published_vocabulary(folder: str) -> dict[str, int] | None:
+    """token -> id in the folder's tokenizer.json (its vocabulary and added tokens), None without one: mergekit
+    numbers the tokens a union tokenizer adds in a hash map's order, so the merge is run again in this one."""
+    if not os.path.lexists(os.path.join(folder, "tokenizer.json")):
+        return None
+    found = folder_checks.read_json(folder, "tokenizer.json")
+    model = found.get("model") if isinstance(found, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    out: dict[str, int] = {}
+    if isinstance(vocab, dict):
+        out.update({str(t): i for t, i in vocab.items() if isinstance(i, int)})
+    elif isinstance(vocab, list):  # a Unigram model: [token, score] by id
+        out.update({str(entry[0]): i for i, entry in enumerate(vocab) if isinstance(entry, list) and entry})
+    for added in found.get("added_tokens") or [] if isinstance(found, dict) else []:
+        if isinstance(added, dict) and isinstance(added.get("id"), int):
+            out[str(added.get("content"))] = added["id"]
+    return out
+
+
 def yaml_block(text: str) -> str | None:
     """The config's text as the card `text` quotes it (what mergekit put between its fences), or None when the
     card has no such block (a publisher rewrote it)."""

@@ -36,6 +36,8 @@ class Difference:
     published: str | None = None
     recomputed: str | None = None
     detail: str | None = None
+    #: the largest difference in units in the last place of the dtype, over the differing numbers (a float dtype)
+    max_ulp: int | None = None
 
     @property
     def identical(self) -> bool:
@@ -68,6 +70,7 @@ class Difference:
             "published": self.published,
             "recomputed": self.recomputed,
             "detail": self.detail,
+            "max_ulp": self.max_ulp,
         }
 
 
@@ -93,7 +96,30 @@ def compare(name: str, recomputed: torch.Tensor | None, published: torch.Tensor 
         return Difference(name, "shape", size, size, published=shown, recomputed=made)
     differing, nan, largest = bit_differences(recomputed, published)
     status = "differs" if differing else "identical"
-    return Difference(name, status, size, differing, nan, largest, published=shown, recomputed=made)
+    ulps = ulp_distance(recomputed, published) if differing else None
+    return Difference(name, status, size, differing, nan, largest, shown, made, max_ulp=ulps)
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> int | None:
+    """The largest distance, in units in the last place, between two float tensors' elements where neither is NaN
+    (consecutive numbers of the dtype are 1 apart, -0.0 and 0.0 are 0 apart); None for another dtype."""
+    if not a.is_floating_point() or a.dtype.itemsize not in _INTS:
+        return None
+    ints, sign = _INTS[a.dtype.itemsize], 1 << (8 * a.dtype.itemsize - 1)
+    flat_a, flat_b = a.detach().reshape(-1), b.detach().reshape(-1).to(a.device)
+    largest = 0
+    for start in range(0, flat_a.numel(), chunk):
+        x, y = flat_a[start : start + chunk], flat_b[start : start + chunk]
+        keep = ~(x.isnan() | y.isnan())
+        ox, oy = (_ordered(t[keep].contiguous().view(ints).to(torch.int64), sign) for t in (x, y))
+        if ox.numel():
+            largest = max(largest, int((ox - oy).abs().max()))
+    return largest
+
+
+def _ordered(bits: torch.Tensor, sign: int) -> torch.Tensor:
+    """Sign-and-magnitude bits as integers in the numbers' order (two's complement of the magnitude when negative)."""
+    return torch.where(bits < 0, -(bits & (sign - 1)), bits)
 
 
 def bit_differences(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> tuple[int, int, float | None]:

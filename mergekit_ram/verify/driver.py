@@ -69,17 +69,18 @@ def verify(
     input_dir: str | None = None,
     published: hub.Published | None = None,
     sample: tuple[float, int] | None = None,
+    accept_last_bits: bool = False,
 ) -> verdict.Outcome:
-    """Recompute the `ramplus` merge in `folder` (through `recomputing`) and compare it tensor by tensor with what
-    the folder holds.
+    """Recompute the merge in `folder` (through `recomputing`: a `ramplus` merge from its record, another method's
+    from its `mergekit_config.yml`) and compare it tensor by tensor with what the folder holds.
 
     `trust_remote_code`: the user's own flag (a recorded one is evidence, never applied without it); `inputs`,
     `inputs_from`, `input_dir`: `--input`, `--inputs-from`, `--input-dir`, local copies of recorded inputs
     (`input_copies`); `published`: `folder` is a merge fetched from the Hub (`hub.fetch`); `sample`: (share, seed) of
-    `--sample` (`sample`: a slice of every tensor is recomputed). errors.NotVerifiable: a
-    usage error (no such folder, no ram_stats.json, another method's folder, a copy mapping no input or one
-    twice). errors.Unreadable: ram_stats.json cannot be read. Otherwise the outcome: identical, differing
-    (named), or not checkable (an input missing or changed, a refused option or file, a file unreadable)."""
+    `--sample` (`sample`: a slice of every tensor is recomputed); `accept_last_bits`: `--accept-last-bits`.
+    errors.NotVerifiable: a usage error (no such folder, a copy mapping no input or one twice). Otherwise the
+    outcome: identical, differing (named), last bits differing as the method's do between machines, or not
+    checkable (no record, an input missing or changed, a refused option or file, a file unreadable)."""
     folder = os.path.abspath(folder)
     outcome = verdict.Outcome(folder=folder, hub=published.as_json() if published else None)
     outcome.environment = environment(options)
@@ -101,6 +102,7 @@ def verify(
     outcome.entry_point = record.get("entry_point")
     outcome.notes += record_checks.version_notes(recorded, report.installed_versions(), report.installed_from())
     run = Attempt(folder, record, copies, options, recomputing, trust_remote_code, published, sample)
+    run.accept_last_bits = accept_last_bits
     unpinned = _unpinned(recorded, copies)
     if not unpinned or published is None:  # a folder here: the inputs as they are now (`read_as`)
         return run(outcome, recorded)
@@ -123,6 +125,7 @@ class Attempt:
     ):
         self.folder, self.record, self.copies, self.options = folder, record, copies, options
         self.recomputing, self.trust, self.published, self.sample = recomputing, trust, published, sample
+        self.accept_last_bits = False
 
     def __call__(self, outcome: verdict.Outcome, recorded: dict) -> verdict.Outcome:
         folder, published, options, copies = self.folder, self.published, self.options, dict(self.copies)
@@ -139,6 +142,7 @@ class Attempt:
                         folder = ranged.published_stand_in(mirror, published)
                 seed = getattr(options, "random_seed", None)
                 found = Found(folder, recorded, self.record, copies, outcome, seed)
+                found.accept_rounding = self.accept_last_bits
                 _verify(found, self.recomputing, options, self.trust, self.sample, mirror)
             except errors.CANNOT_CHECK as error:
                 outcome.error = errors.said(error)
@@ -225,6 +229,8 @@ class Found:
         self.folder, self.recorded, self.record, self.copies, self.outcome = folder, recorded, record, copies, outcome
         #: mergekit's --random-seed, as the user gives it (nothing records the merge's)
         self.seed = seed
+        #: `--accept-last-bits`
+        self.accept_rounding = False
 
 
 def _verify(
@@ -291,6 +297,7 @@ def _run_again(
     elif drawing and found.seed is None:
         only = set(merge.shapes()[0]) - set(drawing)
     merge.compare(outcome, only)
+    _last_bits(merge, found)
     if outcome.sample is not None:
         remote = mirror.remote if mirror is not None else {}
         outcome.sample.bytes_read = sample.bytes_read(spans, remote)
@@ -329,6 +336,26 @@ def _random_tensors(merge: recompute.Merge, found: Found) -> dict[str, str]:
         "to check them"
     )
     return drawing
+
+
+def _last_bits(merge: recompute.Merge, found: Found) -> None:
+    """When every difference is a number differing in no more of its last bits than the merge's method is measured
+    to move between machines, say so (a result of its own, exit 3, or 0 with `--accept-last-bits`): not a forgery,
+    and not bit-identical either. Anything larger, a NaN or another dtype or shape stays a difference (exit 1)."""
+    outcome, rounding = found.outcome, merge.rounding()
+    if rounding is None or not outcome.differences:
+        return
+    most, why = rounding
+    if any(d.status != "differs" or d.nan or d.max_ulp is None or d.max_ulp > most for d in outcome.differences):
+        return
+    env = outcome.environment or {}
+    here = ", ".join(f"{key} {env[key]}" for key in ("device", "threads", "cpu_capability", "torch") if key in env)
+    outcome.rounding = (
+        f"at most {max(d.max_ulp or 0 for d in outcome.differences)} units in the last place: {outcome.method} moves "
+        f"up to {most} with {why}, measured; recomputed here on {here}. Check it on a machine like the merge's, or "
+        "accept it with --accept-last-bits"
+    )
+    outcome.accept_rounding = found.accept_rounding
 
 
 def environment(options: Any) -> dict[str, Any]:

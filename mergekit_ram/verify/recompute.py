@@ -91,6 +91,11 @@ class Merge(Protocol):
         """Each drawn slice recomputed and compared (into `outcome`); the slices' counts, tensor -> counts."""
         ...
 
+    def rounding(self) -> tuple[int, str] | None:
+        """How far the merge's method is measured to move the last bits between machines: (the most units in the
+        last place, what moved them); None where nothing did (docs/verify.md's table)."""
+        ...
+
     def random(self) -> dict[str, str]:
         """The tensors whose merge draws random numbers (mergekit's `--random-seed` decides them): tensor ->
         method."""

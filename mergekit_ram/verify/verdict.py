@@ -4,14 +4,18 @@ what a folder records are `record_checks`'. Users import each name from its own 
 
 Knows nothing of mergekit (the seam's `_mergekit/recompute.py` plans and recomputes; this module judges).
 
-JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/verify", format_version 3 (2 had
-`result` "identical" for a sample too):
+JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/verify", format_version 4 (3 had no
+`method`, `environment`, `rounding`, `tensors[].max_ulp` nor the two last-bits results; 2 had `result` "identical"
+for a sample too):
 
 - `folder` (absolute), `hub` (a merge verified from the Hugging Face Hub, `mergekit-ram verify ORG/NAME@REV`:
   `repository`, `requested` (the revision asked for) and `revision` (the commit its files were fetched at, null
   when none was); null for a folder), `entry_point` ("run_merge" or "mergekit-pytorch"; null when unread),
-  `result` and `exit_code`: "identical" (0: a full check), "no difference in sample" (0: `--sample`, no difference
-  in what was drawn), "differs" (1: the folder is not what it records), "cannot check"
+  `method` (the merge method the folder records: "ramplus", or one of mergekit's own), `result` and `exit_code`:
+  "identical" (0: a full check), "no difference in sample" (0: `--sample`, no difference in what was drawn),
+  "differs" (1: the folder is not what it records), "last bits differ" (3: every difference is within the last
+  bits the method is measured to move between machines, `rounding` says so; "identical but for the last bits", 0,
+  with `--accept-last-bits`), "cannot check"
   (3: an input missing, changed or unreadable, a recorded option refused, a file verify refuses or cannot
   read; `cannot_check` says why, `error` too when verify stopped), with `headline`, the first line of the
   text. A usage error (exit 2: no such folder, no ram_stats.json, another method's folder, a bad option)
@@ -36,6 +40,9 @@ JSON (`Outcome.as_json`, `mergekit-ram verify --json`), format "mergekit-ram/ver
   `detail` (or null);
 - `checked[]`, `not_checked[]`: what was checked, and what was not (files no check covers, and why);
 - `problems[]`: every finding as one line of text (what the text output prints);
+- `environment`: where the merge was recomputed: `device`, `threads`, `cpu_capability`, `torch`, `mergekit`;
+- `rounding`: the sentence of a "last bits differ" result (the most units in the last place, what moves them),
+  else null; `tensors[].max_ulp`: the largest difference in units in the last place (float tensors);
 - `notes[]`: what does not decide the result (versions differing from the recorded ones, ...);
 - `sample` (only with `verify --sample P`, P < 1): `seed`, `share` (P), `tensors_checked`, `tensors_total` (every
   tensor: a slice of each), `elements_checked`, `elements_total`, `bytes_read` (bytes of weight files read, from disk
@@ -59,12 +66,16 @@ from mergekit_ram.verify.bitwise import Difference
 from mergekit_ram.verify.record_checks import InputCheck
 from mergekit_ram.verify.sample import Sample
 
-__all__ = ["EXIT", "FORMAT", "FORMAT_VERSION", "SAMPLED", "Outcome", "dumps"]
+__all__ = ["ACCEPTED", "EXIT", "FORMAT", "FORMAT_VERSION", "LAST_BITS", "SAMPLED", "Outcome", "dumps"]
 
 FORMAT = "mergekit-ram/verify"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: exit code of each result
-EXIT = {"identical": 0, "differs": 1, "cannot check": 3}
+#: `result` when every difference is in the last bits a method is measured to move between machines (`rounding`)
+LAST_BITS = "last bits differ"
+#: ... and the user accepted them (`verify --accept-last-bits`)
+ACCEPTED = "identical but for the last bits"
+EXIT = {"identical": 0, "differs": 1, "cannot check": 3, LAST_BITS: 3, ACCEPTED: 0}
 #: `--json`'s `result` of a sampled pass that found no difference (exit 0, but no proof of the tensors not drawn)
 SAMPLED = "no difference in sample"
 
@@ -97,6 +108,10 @@ class Outcome:
     method: str | None = None
     #: where the merge was recomputed: device, threads, cpu_capability, torch, mergekit (`driver.environment`)
     environment: dict[str, Any] | None = None
+    #: every difference is within the last bits the method moves between machines: the sentence saying so
+    rounding: str | None = None
+    #: `--accept-last-bits`: such differences are accepted (exit 0)
+    accept_rounding: bool = False
 
     def add(self, found: Difference) -> None:
         """One compared tensor (identical ones are counted, not kept)."""
@@ -120,6 +135,8 @@ class Outcome:
     @property
     def result(self) -> str:
         if self._differs():
+            if self.rounding is not None and not (self.parameters or self.files or self._blocked()):
+                return ACCEPTED if self.accept_rounding else LAST_BITS
             return "differs"
         if self._blocked() or not self.merged:
             return "cannot check"
@@ -145,6 +162,9 @@ class Outcome:
 
     def headline(self) -> str:
         where = self._where()
+        if self.result in (LAST_BITS, ACCEPTED):
+            said = "accepted: " if self.result == ACCEPTED else ""
+            return f"{self.name()}: {said}{self.result.upper()} in {len(self.differences):,} tensors, {self.rounding}"
         if self.result == "identical" and self.sample is not None:
             return f"{self.name()}: {self.sample.headline()}"
         if self.result == "identical":
@@ -170,7 +190,7 @@ class Outcome:
     def text(self) -> str:
         """What `mergekit-ram verify` prints."""
         lines = [self.headline()]
-        if self.result == "differs":
+        if self.result in ("differs", LAST_BITS, ACCEPTED):
             lines += [f"  {line}" for line in self._differs()]
             lines += [f"  {line} (so it was not checked)" for line in self._blocked()]
         elif self.result == "cannot check":
@@ -214,6 +234,7 @@ class Outcome:
             "problems": self.problems(),
             "notes": list(self.notes),
             "environment": None if self.environment is None else dict(self.environment),
+            "rounding": self.rounding,
         }
         if self.sample is not None:
             out["sample"] = self.sample.as_json()

@@ -35,6 +35,7 @@ CATEGORIES = {
     "test_flat_inputs": "mergekit-pytorch inputs",
     "test_untrusted_folders": "untrusted folders",
     "test_verdict_matrix": "verdict matrix",
+    "test_any_method_matrix": "any-method matrix",
 }
 ORDER = list(CATEGORIES.values())
 
