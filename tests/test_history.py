@@ -165,6 +165,7 @@ def _made(name: str, n: int) -> list[history.Candidate]:
     return [history.Candidate(f"{name}{i}".ljust(40, "0"), when - i * DAY, f"h{i}", how) for i in range(n)]
 
 
+@pytest.mark.quick
 def test_combinations_go_newest_first_by_the_sum_of_the_indices():
     assert list(history.combinations([2, 3])) == [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (1, 2)]
     assert list(history.combinations([3, 3]))[3:6] == [(1, 1), (0, 2), (2, 0)]  # each a little back, before one far
@@ -272,6 +273,7 @@ def test_the_merged_repositorys_history_unreadable_is_unreadable(served):
         history.published_time("org/merged", "main")
 
 
+@pytest.mark.quick
 def test_how_strings():
     assert (history.PINNED, history.GIVEN, history.HEAD) == (
         "pinned in the config",

@@ -103,7 +103,7 @@ def test_json_follows_the_schema():
     assert dumps(outcome).endswith("}\n")
     assert found == {
         "format": "mergekit-ram/verify",
-        "format_version": 3,
+        "format_version": 4,
         "folder": FOLDER,
         "hub": None,
         "entry_point": "run_merge",
@@ -125,6 +125,7 @@ def test_json_follows_the_schema():
         "problems": outcome.problems(),
         "notes": ["torch 2.14.0 is installed; ..."],
         "environment": {"device": "cpu", "threads": 2},
+        "rounding": None,
     }
     assert found["tensors"][1]["name"] == "c" and found["tensors"][1]["max_abs_difference"] == "inf"
 

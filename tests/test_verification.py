@@ -442,7 +442,7 @@ def test_json_schema(abc, tmp_path, capsys):
     tensors = len(load_file(str(abc / "model.safetensors")))
     assert found == {
         "format": "mergekit-ram/verify",
-        "format_version": 3,
+        "format_version": 4,
         "folder": str(abc),
         "hub": None,
         "entry_point": "run_merge",
@@ -464,6 +464,7 @@ def test_json_schema(abc, tmp_path, capsys):
         "problems": [],
         "notes": [],
         "environment": found["environment"],
+        "rounding": None,
     }
     assert set(found["environment"]) == {"device", "threads", "cpu_capability", "torch", "mergekit"}
     assert found["checked"][0] == "the identities of 4 input(s)", found["checked"]

@@ -216,3 +216,19 @@ def test_a_difference_in_the_last_bits_a_method_moves_between_machines_is_no_for
     else:
         assert said["rounding"] is None
         assert verify(out, capsys, "--accept-last-bits")[0] == 1
+
+
+@pytest.mark.quick
+def test_the_cards_yaml_block_and_base_models_on_plain_text():
+    from mergekit_ram.verify import any_method
+
+    card = (
+        "---\nbase_model:\n- org/a\nlibrary_name: transformers\n---\n# x\n\n"
+        f"{any_method.YAML_INTRO}\n\n```yaml\nmerge_method: ties\n\n```\n"
+    )
+    assert any_method.yaml_block(card) == "merge_method: ties\n"
+    assert any_method.yaml_block("# a card a publisher wrote\n") is None
+    assert any_method.base_model_problem(card, {"org/a"}, set()) is None
+    assert any_method.base_model_problem(card, set(), {"org/a"}) is None  # a folder here too: mergekit asked the Hub
+    assert "org/b" in any_method.base_model_problem(card, {"org/b"}, set())
+    assert any_method.base_model_problem("# no front matter\n", {"org/a"}, set()) is None

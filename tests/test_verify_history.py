@@ -94,3 +94,16 @@ def test_an_input_whose_history_was_squashed_cannot_be_checked(made, qwen_bf16):
     assert (code, said["result"]) == (3, "cannot check"), (said["problems"], said["checked"], said["inputs"])
     assert "org/agent" in said["error"] and said["tensors"] == []
     assert os.path.isdir(root / "merged")
+
+
+@pytest.mark.quick
+def test_the_verdict_says_how_each_inputs_files_were_chosen():
+    from mergekit_ram.verify import driver
+
+    commit = "a" * 40
+    assert driver.read_as("org/x", {"revision": commit}, None) == f"commit {commit}, head of its branch today"
+    assert driver.read_as(f"org/x@{commit}", {"revision": commit}, None) == f"commit {commit}, pinned in the config"
+    how = "inferred from its history at 2026-03-04T12:00:00Z"
+    assert driver.read_as("org/x", {"revision": commit}, None, how) == f"commit {commit}, {how}"
+    assert driver.read_as("org/x", {"revision": commit}, "/copies/x") == "read from /copies/x, given (--input)"
+    assert driver.read_as("/models/x", {}, None).startswith("a local folder")

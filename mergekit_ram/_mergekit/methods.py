@@ -29,13 +29,20 @@ RANDOM_SPARSIFIERS = frozenset({"dare_ties", "dare_linear", "della", "della_line
 FUSION_SAMPLED_ABOVE = 1_000_000
 
 
-#: methods whose last bits were measured to move between machines, the same inputs and config given
-#: (benchmarks/determinism.py; docs/verify.md's table): method -> (the most units in the last place measured, what
-#: moved them). Bits equal in two processes, and at 1 and 2 threads, for every method.
-LAST_BITS: dict[str, tuple[int, str]] = {
+#: methods whose bits were measured to move between machines, the same inputs, config and seed given
+#: (benchmarks/determinism.py; docs/verify.md's last table): method -> (the most units in the last place measured,
+#: what moved them); None: more than the last bits (a threshold or an iteration count moved), any size. Every
+#: method gave the same bits in two processes on one machine.
+LAST_BITS: dict[str, tuple[int | None, str]] = {
     "linear": (3, "the CPU's vector instructions (ATEN_CPU_CAPABILITY default against AVX512)"),
-    "multislerp": (3, "the torch version (2.6 against 2.13)"),
-    "karcher": (2, "the torch version (2.6 against 2.13)"),
+    "multislerp": (4, "the torch version (2.6 against 2.13)"),
+    "model_stock": (1, "the thread count (1 against 2)"),
+    "dare_ties": (7, "the thread count (1 against 2)"),
+    "dare_linear": (1, "the thread count (1 against 2)"),
+    "della": (1, "the thread count (1 against 2)"),
+    "della_linear": (1, "the thread count (1 against 2)"),
+    "karcher": (None, "the thread count (its iteration count: up to 58,288 units in the last place) and torch"),
+    "arcee_fusion": (None, "the CPU's vector instructions (its threshold: whole elements flip)"),
 }
 
 

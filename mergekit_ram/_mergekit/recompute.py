@@ -264,7 +264,7 @@ class MergekitMerge:
                 counted[name] = counts
         return counted
 
-    def rounding(self) -> tuple[int, str] | None:
+    def rounding(self) -> tuple[int | None, str] | None:
         method = str(getattr(self.through.config, "merge_method", ""))
         return None if resolves_to_ours(method) else methods.LAST_BITS.get(method)
 

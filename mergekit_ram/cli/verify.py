@@ -50,8 +50,8 @@ SAMPLE_HELP = (
 )
 LAST_BITS_HELP = (
     "accept differences confined to the last bits that the merge's method is measured to move between machines "
-    "(linear, multislerp, karcher: a few units in the last place; docs/verify.md): exit 0, result 'identical but for "
-    "the last bits', instead of 3; a larger difference is exit 1 whatever this says"
+    "(linear, multislerp, model_stock, dare_*, della*: 1 to 7 units in the last place, measured; docs/verify.md): "
+    "exit 0, result 'identical but for the last bits', instead of 3; a larger difference is exit 1 whatever this says"
 )
 RANDOM_SEED_HELP = (
     "mergekit's --random-seed, the seed the merge ran with: a method that draws random numbers (dare_ties, "

@@ -346,14 +346,23 @@ def _last_bits(merge: recompute.Merge, found: Found) -> None:
     if rounding is None or not outcome.differences:
         return
     most, why = rounding
-    if any(d.status != "differs" or d.nan or d.max_ulp is None or d.max_ulp > most for d in outcome.differences):
+    if any(d.status != "differs" or d.nan or d.max_ulp is None for d in outcome.differences):
+        return
+    largest = max(d.max_ulp or 0 for d in outcome.differences)
+    if most is not None and largest > most:
         return
     env = outcome.environment or {}
     here = ", ".join(f"{key} {env[key]}" for key in ("device", "threads", "cpu_capability", "torch") if key in env)
+    if most is None:  # not the last bits: no difference of such a merge can be told from another machine's
+        outcome.rounding = (
+            f"up to {largest:,} units in the last place: {outcome.method}'s result moves with {why}, measured; "
+            f"recomputed here on {here}. Check it on a machine like the merge's (its threads, CPU and torch)"
+        )
+        outcome.machine_bound = True
+        return
     outcome.rounding = (
-        f"at most {max(d.max_ulp or 0 for d in outcome.differences)} units in the last place: {outcome.method} moves "
-        f"up to {most} with {why}, measured; recomputed here on {here}. Check it on a machine like the merge's, or "
-        "accept it with --accept-last-bits"
+        f"at most {largest} units in the last place: {outcome.method} moves up to {most} with {why}, measured; "
+        f"recomputed here on {here}. Check it on a machine like the merge's, or accept it with --accept-last-bits"
     )
     outcome.accept_rounding = found.accept_rounding
 

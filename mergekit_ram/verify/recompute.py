@@ -91,9 +91,9 @@ class Merge(Protocol):
         """Each drawn slice recomputed and compared (into `outcome`); the slices' counts, tensor -> counts."""
         ...
 
-    def rounding(self) -> tuple[int, str] | None:
-        """How far the merge's method is measured to move the last bits between machines: (the most units in the
-        last place, what moved them); None where nothing did (docs/verify.md's table)."""
+    def rounding(self) -> tuple[int | None, str] | None:
+        """How far the merge's method is measured to move its bits between machines: (the most units in the last
+        place, None for any size; what moved them); None where nothing did (docs/verify.md's table)."""
         ...
 
     def random(self) -> dict[str, str]:

@@ -15,7 +15,9 @@ for a sample too):
   "identical" (0: a full check), "no difference in sample" (0: `--sample`, no difference in what was drawn),
   "differs" (1: the folder is not what it records), "last bits differ" (3: every difference is within the last
   bits the method is measured to move between machines, `rounding` says so; "identical but for the last bits", 0,
-  with `--accept-last-bits`), "cannot check"
+  with `--accept-last-bits`), "depends on the machine" (3: a method whose result moves beyond its last bits
+  between machines, karcher or arcee_fusion, and every difference a number: `rounding` says what moves it), "cannot
+  check"
   (3: an input missing, changed or unreadable, a recorded option refused, a file verify refuses or cannot
   read; `cannot_check` says why, `error` too when verify stopped), with `headline`, the first line of the
   text. A usage error (exit 2: no such folder, no ram_stats.json, another method's folder, a bad option)
@@ -66,7 +68,7 @@ from mergekit_ram.verify.bitwise import Difference
 from mergekit_ram.verify.record_checks import InputCheck
 from mergekit_ram.verify.sample import Sample
 
-__all__ = ["ACCEPTED", "EXIT", "FORMAT", "FORMAT_VERSION", "LAST_BITS", "SAMPLED", "Outcome", "dumps"]
+__all__ = ["ACCEPTED", "EXIT", "FORMAT", "FORMAT_VERSION", "LAST_BITS", "MACHINE", "SAMPLED", "Outcome", "dumps"]
 
 FORMAT = "mergekit-ram/verify"
 FORMAT_VERSION = 4
@@ -75,7 +77,10 @@ FORMAT_VERSION = 4
 LAST_BITS = "last bits differ"
 #: ... and the user accepted them (`verify --accept-last-bits`)
 ACCEPTED = "identical but for the last bits"
-EXIT = {"identical": 0, "differs": 1, "cannot check": 3, LAST_BITS: 3, ACCEPTED: 0}
+#: `result` when the method's result is measured to move beyond its last bits between machines (karcher,
+#: arcee_fusion) and every difference is a number: it cannot be told from another machine's, nor accepted
+MACHINE = "depends on the machine"
+EXIT = {"identical": 0, "differs": 1, "cannot check": 3, LAST_BITS: 3, ACCEPTED: 0, MACHINE: 3}
 #: `--json`'s `result` of a sampled pass that found no difference (exit 0, but no proof of the tensors not drawn)
 SAMPLED = "no difference in sample"
 
@@ -112,6 +117,8 @@ class Outcome:
     rounding: str | None = None
     #: `--accept-last-bits`: such differences are accepted (exit 0)
     accept_rounding: bool = False
+    #: the method's result moves beyond the last bits between machines (`MACHINE`): never accepted
+    machine_bound: bool = False
 
     def add(self, found: Difference) -> None:
         """One compared tensor (identical ones are counted, not kept)."""
@@ -136,7 +143,7 @@ class Outcome:
     def result(self) -> str:
         if self._differs():
             if self.rounding is not None and not (self.parameters or self.files or self._blocked()):
-                return ACCEPTED if self.accept_rounding else LAST_BITS
+                return MACHINE if self.machine_bound else ACCEPTED if self.accept_rounding else LAST_BITS
             return "differs"
         if self._blocked() or not self.merged:
             return "cannot check"
@@ -162,7 +169,7 @@ class Outcome:
 
     def headline(self) -> str:
         where = self._where()
-        if self.result in (LAST_BITS, ACCEPTED):
+        if self.result in (LAST_BITS, ACCEPTED, MACHINE):
             said = "accepted: " if self.result == ACCEPTED else ""
             return f"{self.name()}: {said}{self.result.upper()} in {len(self.differences):,} tensors, {self.rounding}"
         if self.result == "identical" and self.sample is not None:
@@ -190,7 +197,7 @@ class Outcome:
     def text(self) -> str:
         """What `mergekit-ram verify` prints."""
         lines = [self.headline()]
-        if self.result in ("differs", LAST_BITS, ACCEPTED):
+        if self.result in ("differs", LAST_BITS, ACCEPTED, MACHINE):
             lines += [f"  {line}" for line in self._differs()]
             lines += [f"  {line} (so it was not checked)" for line in self._blocked()]
         elif self.result == "cannot check":
