@@ -45,7 +45,7 @@ DTYPES = ("bfloat16", "float32")
 WIDE = dict(
     arch="llama",
     hidden_size=1024,
-    num_layers=2,
+    num_layers=1,
     vocab_size=2048,
     intermediate_size=2816,
     num_heads=16,
@@ -186,6 +186,8 @@ def compare(ref: Path, other: Path) -> dict:
     return {
         "identical": not tensors,
         "tensors": len(wa),
+        # what the reference wrote: arcee_fusion writes float32 whatever the config's dtype
+        "dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in wa.values()}),
         "tensors_differing": len(tensors),
         "share": elements / total if total else 0.0,
         "max_share": max((d["share"] for d in tensors.values()), default=0.0),
@@ -366,14 +368,12 @@ def machine() -> dict:
     }
 
 
-AXES = (
-    ("B", "two processes"),
-    ("threads1", "threads 1 vs 2"),
-    ("cap-*", "CPU capabilities"),
-    ("floor", "floor torch vs this"),
-    ("seed2", "seed 2 vs 1"),
-    ("slice", "slice vs whole"),
-)
+def axes(res: dict) -> list[tuple[str, str]]:
+    """(result key, column title) of the axes a model's results hold, one column per CPU capability."""
+    caps = [k for k in res["environments"] if k.startswith("cap-")]
+    cols = [("B", "two processes"), ("threads1", "threads 1 vs 2")]
+    cols += [(c, f"{c[4:]} vs {res['environments']['A']['env']['capability'].lower()}") for c in caps]
+    return cols + [("floor", "floor torch vs this"), ("seed2", "seed 2 vs 1"), ("slice", "slice vs whole")]
 
 
 def cell(entry: dict, key: str) -> str:
@@ -397,17 +397,18 @@ def table(results: list[dict]) -> str:
             for k, v in envs.items()
         )
         lines.append(f"\n**{res['model']}** ({described})\n")
-        lines.append("| variant | dtype | kind | random | " + " | ".join(a for _, a in AXES) + " |")
-        lines.append("|---|---|---|---|" + "---|" * len(AXES))
+        cols = axes(res)
+        lines.append("| variant | dtype | kind | random | " + " | ".join(a for _, a in cols) + " |")
+        lines.append("|---|---|---|---|" + "---|" * len(cols))
         for entry in res["variants"].values():
             lines.append(
                 f"| {entry['variant']} | {entry['dtype']} | {entry['kind']} | "
-                f"{'yes' if entry['random'] else 'no'} | " + " | ".join(cell(entry, k) for k, _ in AXES) + " |"
+                f"{'yes' if entry['random'] else 'no'} | " + " | ".join(cell(entry, k) for k, _ in cols) + " |"
             )
     return (
         "\n".join(lines) + "\n\n= bit-identical; ≠ n/m t: tensors differing of those compared, the largest share "
         "of one tensor's elements differing, the largest difference in ulp of the output dtype"
-        " (the worst environment of that axis); – not run.\n"
+        " (a tensor stored in another dtype than the config's is compared in its own); – not run.\n"
     )
 
 
@@ -421,10 +422,14 @@ def main(argv=None) -> None:
     p.add_argument("--root", type=Path, default=Path("/tmp/mergekit-ram-determinism"), help="models and merges")
     p.add_argument("--out", type=Path, required=False, help="results folder (results.json, results.md)")
     p.add_argument("--environments", nargs="+", help="only these besides A (B, threads1, cap-avx2, floor, seed2...)")
+    p.add_argument("--rerender", action="store_true", help="results.md again from --out's results.json")
     p.add_argument("--keep", action="store_true", help="keep every environment's merges")
     args = p.parse_args(argv)
     if args.worker:
         worker(args.worker)
+        return
+    if args.rerender:
+        (args.out / "results.md").write_text(table(json.loads((args.out / "results.json").read_text())["results"]))
         return
     os.environ["MERGEKIT_RAM_DISABLE"] = "1"
     report = {"machine": machine(), "command": sys.argv, "results": []}
