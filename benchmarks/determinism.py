@@ -412,6 +412,45 @@ def table(results: list[dict]) -> str:
     )
 
 
+def summary(results: list[dict]) -> str:
+    """One row per variant over every model and dtype measured: "=" where every merge was bit-identical, else where
+    it was not (model, dtype: the share of one tensor's elements differing at most, the largest difference in ulp)."""
+    short = {"bfloat16": "bf16", "float32": "f32"}
+    cols = [
+        ("B", "two processes"),
+        ("threads1", "threads 1 vs 2"),
+        ("cap-", "CPU capability"),
+        ("floor", "floor torch vs this"),
+        ("seed2", "seed 2 vs 1"),
+        ("slice", "slice vs whole"),
+    ]
+    rows: dict = {}
+    for res in results:
+        for entry in res["variants"].values():
+            row = rows.setdefault(entry["variant"], {"entry": entry, "cells": {k: [] for k, _ in cols}})
+            for key, _ in cols:
+                for k, found in entry.items():
+                    if not (k == key or (key == "cap-" and k.startswith("cap-"))):
+                        continue
+                    where = f"{res['model']} {short[entry['dtype']]}" + (f" {k[4:]}" if key == "cap-" else "")
+                    row["cells"][key].append(
+                        None if found["identical"] else f"{where}: {found['max_share']:.2%}, {found['max_ulp']} ulp"
+                    )
+    lines = [
+        "| variant (method) | kind | random | " + " | ".join(t for _, t in cols) + " |",
+        "|---|---|---|" + "---|" * len(cols),
+    ]
+    for variant, row in rows.items():
+        e = row["entry"]
+        cells = []
+        for key, _ in cols:
+            got = row["cells"][key]
+            cells.append("–" if not got else "=" if not any(got) else "≠ " + "; ".join(g for g in got if g))
+        name = variant if variant == e["method"] else f"{variant} ({e['method']})"
+        lines.append(f"| {name} | {e['kind']} | {'yes' if e['random'] else 'no'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -423,10 +462,14 @@ def main(argv=None) -> None:
     p.add_argument("--out", type=Path, required=False, help="results folder (results.json, results.md)")
     p.add_argument("--environments", nargs="+", help="only these besides A (B, threads1, cap-avx2, floor, seed2...)")
     p.add_argument("--rerender", action="store_true", help="results.md again from --out's results.json")
+    p.add_argument("--summarize", nargs="+", type=Path, help="one table over these results folders (to stdout)")
     p.add_argument("--keep", action="store_true", help="keep every environment's merges")
     args = p.parse_args(argv)
     if args.worker:
         worker(args.worker)
+        return
+    if args.summarize:
+        print(summary([r for d in args.summarize for r in json.loads((d / "results.json").read_text())["results"]]))
         return
     if args.rerender:
         (args.out / "results.md").write_text(table(json.loads((args.out / "results.json").read_text())["results"]))
