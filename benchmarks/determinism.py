@@ -219,11 +219,21 @@ def slice_check(cfg: dict, variant: str, whole: Path, elements: int = 4099) -> d
     dtype = getattr(torch, cfg["dtype"])
     out_dtype = getattr(torch, cfg["out_dtype"]) if cfg.get("out_dtype") else None
     found = {}
+    rows = methods.KIND[variant] == "row"
     for name, full in out.items():
-        n = full.numel()
-        lo = n // 3
-        hi = min(n, lo + elements)
-        parts = [w[name].reshape(-1)[lo:hi] for w in inputs]
+        if rows:
+            # whole rows (dim 0; a 1-D tensor is one row): the row-wise kernels reduce over the last dimension
+            n = full.shape[0] if full.dim() > 1 else 1
+            lo = n // 3
+            hi = min(n, lo + max(1, elements // max(1, full[0].numel() if full.dim() > 1 else 1)))
+            parts = [w[name][lo:hi] if full.dim() > 1 else w[name] for w in inputs]
+            full = full[lo:hi] if full.dim() > 1 else full
+            lo, hi = 0, full.numel()
+        else:
+            n = full.numel()
+            lo = n // 3
+            hi = min(n, lo + elements)
+            parts = [w[name].reshape(-1)[lo:hi] for w in inputs]
         got = merge_tensors(
             parts,
             methods.METHOD[variant],
@@ -234,7 +244,7 @@ def slice_check(cfg: dict, variant: str, whole: Path, elements: int = 4099) -> d
             dtype=dtype,
             out_dtype=out_dtype,
         ).to(full.dtype)
-        d = diff(got, full.reshape(-1)[lo:hi])
+        d = diff(got.reshape(-1), full.reshape(-1)[lo:hi])
         if d:
             found[name] = d
     ulps = [d["max_ulp"] for d in found.values() if d.get("max_ulp") is not None]
@@ -336,7 +346,7 @@ def measure(model: str, root: Path, floor_python: str | None, variants, dtypes, 
         if label != "A" and not keep:
             shutil.rmtree(work / label)
     for v, d in keys:
-        if methods.KIND[v] == "element" and "errors" not in result["variants"][f"{v}/{d}"]:
+        if methods.KIND[v] in ("element", "row") and "errors" not in result["variants"][f"{v}/{d}"]:
             result["variants"][f"{v}/{d}"]["slice"] = slice_check(cfgs[d][v], v, work / "A" / f"{v}-{d}")
     if not keep:
         shutil.rmtree(work)
