@@ -342,3 +342,67 @@ def test_startup_benchmark_measures_the_hook(tmp_path):
     assert len(result["samples_ms"]) == 2 and all(s > 0 for s in result["samples_ms"])
     assert result["median_ms"] == pytest.approx(sum(result["samples_ms"]) / 2) and result["target_ms"] == 20
     assert f"median {result['median_ms']:.2f} ms" in done.stdout
+
+
+# --------------------------------------------------------------------------- #
+# methods.py and determinism.py (issue 70, item 1)
+# --------------------------------------------------------------------------- #
+@pytest.mark.quick
+def test_methods_give_a_valid_config_for_every_registered_method():
+    """benchmarks/methods.py covers mergekit's registered methods (all but this plugin's ramplus), every variant's
+    config is one mergekit's MergeConfiguration accepts, in both dtypes and with an out_dtype."""
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge_methods import registered_methods
+
+    methods = _load("methods")
+    assert set(methods.METHODS) == {m.spec.name for m in registered_methods()} - {"ramplus"}
+    assert set(methods.METHOD.values()) == set(methods.METHODS) and set(methods.KIND) == set(methods.VARIANTS)
+    assert set(methods.KIND.values()) == {"element", "row", "whole"} and methods.RANDOM <= set(methods.VARIANTS)
+    for dtype, out_dtype in (("bfloat16", None), ("float32", None), ("float32", "bfloat16")):
+        cfgs = methods.configs("/m/base", ["/m/a", "/m/b", "/m/c"], dtype, out_dtype)
+        assert set(cfgs) == set(methods.VARIANTS)
+        for variant, cfg in cfgs.items():
+            parsed = MergeConfiguration.model_validate(cfg)
+            assert parsed.merge_method == methods.METHOD[variant] and parsed.dtype == dtype, variant
+            assert parsed.out_dtype == out_dtype, variant
+    with pytest.raises(ValueError):
+        methods.configs("/m/base", ["/m/a"])
+
+
+def test_determinism_runs_on_tiny(tmp_path):
+    """benchmarks/determinism.py end to end on its tiny model: one element-wise and one random method, the reference
+    process and a second one (two real interpreters: about 10 s each to start)."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(BENCH / "determinism.py"), "--models", "tiny", "--variants", "linear", "dare_ties",
+           "--dtypes", "bfloat16", "--environments", "B", "--root", str(tmp_path / "root"), "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / "results.json").read_text())
+    (res,) = report["results"]
+    assert list(res["environments"]) == ["A", "B"] and res["environments"]["A"]["env"]["seed"] == 1
+    lin, dare = res["variants"]["linear/bfloat16"], res["variants"]["dare_ties/bfloat16"]
+    assert (lin["kind"], lin["random"], dare["kind"], dare["random"]) == ("element", False, "whole", True)
+    # the same seed in a second process: the same bits; the element-wise slice equals the whole tensor's elements
+    assert lin["B"]["identical"] and dare["B"]["identical"] and lin["B"]["tensors"] > 0
+    assert lin["slice"]["identical"] and "slice" not in dare
+    md = (out / "results.md").read_text()
+    assert "| linear | bfloat16 | element | no | = | – |" in md and "| dare_ties | bfloat16 | whole | yes | = |" in md
+    assert not (tmp_path / "root" / "runs-tiny").exists()  # merges are removed unless --keep
+
+
+@pytest.mark.quick
+def test_determinism_counts_differences_in_ulp():
+    """determinism.diff: bits compared, the largest difference in units in the last place of the tensors' dtype
+    (across zero too), +0 against -0 a difference of 0 ulp."""
+    import torch
+
+    det = _load("determinism")
+    one = torch.tensor([1.0, 0.0, -1.0, 2.0], dtype=torch.bfloat16)
+    assert det.diff(one, one.clone()) is None
+    up = (one.view(torch.int16) + torch.tensor([1, 0, 0, 3], dtype=torch.int16)).view(torch.bfloat16)
+    assert det.diff(one, up) == {"share": 0.5, "elements": 2, "max_ulp": 3}
+    neg_zero = torch.tensor([-0.0, 0.0, -1.0, 2.0], dtype=torch.bfloat16)
+    assert det.diff(one, neg_zero) == {"share": 0.25, "elements": 1, "max_ulp": 0x3F80}  # 1.0 (bf16 bits 0x3F80) vs -0.0
+    assert det.diff(neg_zero, torch.tensor([0.0, 0.0, -1.0, 2.0], dtype=torch.bfloat16))["max_ulp"] == 0
+    tiny = torch.tensor([1e-45, -1e-45], dtype=torch.float32)  # the smallest subnormals either side of zero
+    assert det.diff(tiny, tiny.flip(0))["max_ulp"] == 2
