@@ -305,6 +305,10 @@ def _run_again(
             outcome.sample.bytes_read += mirror.reader.received
             outcome.sample.more_than_needed += mirror.reader.more_than_needed
     other_files.check(found.folder, recorded, made, outcome, method, **merge.beside())
+    local = [row.model for row in record_checks.recorded_inputs(recorded) if recorded.get(record_checks.CONFIG_ONLY)
+             and not row.identity and row.model not in found.copies]  # fmt: skip
+    if local and outcome.result == "identical":
+        outcome.checked.append(f"the merge reproduced from the files of {len(local)} local folder(s) as they are now")
 
 
 #: why a sample recomputes every tensor of a merge that draws random numbers whole

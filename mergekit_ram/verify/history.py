@@ -37,7 +37,7 @@ PINNED = "pinned in the config"
 GIVEN = "given (--input)"
 INFERRED = "inferred from its history at {at}"  # `inferred(T)` fills it
 HEAD = "head of its branch today"
-LOCAL = "a local folder: the merge was reproduced from those files"
+LOCAL = "a local folder, read as it is now"
 
 #: the files whose hashes tell one commit's weights from another's (mergekit reads the top of a model's folder)
 WEIGHT_SUFFIXES = (".safetensors", ".bin")

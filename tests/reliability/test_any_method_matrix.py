@@ -277,6 +277,7 @@ def test_the_rows_cover_every_variant_and_each_kind_with_every_value():
     assert len(ROWS) <= 40
 
 
+@pytest.mark.method_matrix
 @pytest.mark.parametrize("row", ROWS, ids=row_id)
 def test_any_method(matrix, row, rel):
     found = matrix(row)
