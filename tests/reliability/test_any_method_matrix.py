@@ -140,13 +140,8 @@ def make(request: dict) -> dict:
 
 def check(request: dict) -> dict:
     """The verdicts on one row's merge (`targets`: what verify is given, a folder or a hub id at `endpoint`)."""
-    from huggingface_hub import constants, hf_api
-
     from mergekit_ram import cli
 
-    if request.get("endpoint"):  # the stand-in serving this row's merge beside its inputs' history
-        constants.ENDPOINT = hf_api.api.endpoint = request["endpoint"]  # the module's own HfApi kept its first one
-        constants.HUGGINGFACE_CO_URL_TEMPLATE = request["endpoint"] + "/{repo_id}/resolve/{revision}/{filename}"
     found = {}
     for key, argv in request["verifies"].items():
         out = io.StringIO()
@@ -178,6 +173,7 @@ if __name__ == "__main__":
 # --------------------------------------------------------------------------- #
 # The tests
 # --------------------------------------------------------------------------- #
+import hub_stub  # noqa: E402
 import pytest  # noqa: E402
 from hub_stub import HubStub, hub_env  # noqa: E402
 
@@ -211,23 +207,37 @@ class Server:
         self.process.wait(timeout=120)
 
 
+def publish(stub: HubStub, repo_id: str, folder: Path, when: datetime) -> None:
+    """`folder` served by `stub` as `repo_id`'s one commit, dated `when` (a merge published after the stub started)."""
+    sha = hub_stub.commit_sha(repo_id, 1)
+    stub.repos[repo_id] = hub_stub.Repo(commits={sha: hub_stub.read_folder(folder)}, main=sha)
+    stub.shas[repo_id] = [sha]
+    stub.set_date(repo_id, 1, when)
+
+
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     """matrix(row) -> the verdicts on its merge: a `make` process (plugin disabled) whose hub ids are served with
-    two commits each (the second the head), a `check` process (the plugin on)."""
+    two commits each (the second the head), a `check` process (the plugin on) whose hub ids have a third, newer
+    commit, and each merge verified by hub id published beside them between the second and the third."""
     from reliability.test_verdict_matrix import _models
 
     root = tmp_path_factory.mktemp("any-method-matrix")
     models = _models(root / "models")
     at_merge = {f"org/{who}": [Path(models[w]) for w in HISTORY[who][:2]] for who in HISTORY}
+    later = {f"org/{who}": [Path(models[w]) for w in HISTORY[who]] for who in HISTORY}
     cwd = root / "cwd"  # nothing there is named like a hub id
     cwd.mkdir()
     path = os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))
-    with HubStub(at_merge, lifetime=3600) as stub:
+    with HubStub(at_merge, lifetime=3600) as stub, HubStub(later, lifetime=3600) as now:
+        for repo in later:  # the merge read the second commit; the third came after it was published (day 3)
+            for number in (1, 2, 3):
+                now.set_date(repo, number, START + DAY * {1: 1, 2: 2, 3: 5}[number])
         pins = {who: stub.shas[f"org/{who}"][1] for who in HISTORY}
+        assert pins == {who: now.shas[f"org/{who}"][1] for who in HISTORY}
         maker = Server("make", {**hub_env(stub.url, root / "make_home"), "PYTHONPATH": path,
                                 "MERGEKIT_RAM_DISABLE": "1"}, cwd, root / "make.log")  # fmt: skip
-        checker = Server("check", {**hub_env(stub.url, root / "check_home"), "PYTHONPATH": path}, cwd,
+        checker = Server("check", {**hub_env(now.url, root / "check_home"), "PYTHONPATH": path}, cwd,
                          root / "check.log")  # fmt: skip
 
         def run(row: dict) -> dict:
@@ -237,19 +247,12 @@ def matrix(tmp_path_factory):
                 return {"made": made}
             seed = ["--random-seed", str(RANDOM_SEED)] if row["variant"] in methods.RANDOM else []
             if row["inputs"] != "hub-history":
-                asked = _verifies(made["merged"], made["tampered"], seed) | {"endpoint": stub.url}
-                return {"made": made, "verdicts": checker.ask(asked)}
+                return {"made": made, "verdicts": checker.ask(_verifies(made["merged"], made["tampered"], seed))}
             # published under names of this row's own (the Hub cache knows a snapshot by its commit alone)
             merged, tampered = f"org/merged-{ROWS.index(row)}", f"org/tampered-{ROWS.index(row)}"
-            served = {f"org/{who}": [Path(models[w]) for w in HISTORY[who]] for who in HISTORY}
-            served |= {merged: [Path(made["merged"])], tampered: [Path(made["tampered"])]}
-            with HubStub(served, lifetime=900) as later:  # the merge published on day 3, newer inputs on day 5
-                for repo in served:
-                    for number in range(1, len(served[repo]) + 1):
-                        later.set_date(repo, number, START + DAY * {1: 1, 2: 2, 3: 5}[number])
-                later.set_date(merged, 1, START + 3 * DAY)
-                later.set_date(tampered, 1, START + 3 * DAY)
-                return {"made": made, "verdicts": checker.ask(_verifies(merged, tampered, seed) | {"endpoint": later.url})}
+            publish(now, merged, Path(made["merged"]), START + 3 * DAY)
+            publish(now, tampered, Path(made["tampered"]), START + 3 * DAY)
+            return {"made": made, "verdicts": checker.ask(_verifies(merged, tampered, seed))}
 
         try:
             yield run
