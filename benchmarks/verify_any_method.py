@@ -94,9 +94,7 @@ def main(argv=None) -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     rows = {key: summary(found) for key, found in runs.items()}
-    ratios = {method: {"wall": rows[f"verify {method}"]["wall_s"] / rows[f"merge {method}"]["wall_s"],
-                       "peak_rss_anon": rows[f"verify {method}"]["peak_rss_anon_gb"]
-                       / rows[f"merge {method}"]["peak_rss_anon_gb"]} for method in methods}
+    ratios = {method: ratio(rows, runs, method) for method in methods}
     print(f"{args.workload}: {marker['num_parameters'] / 1e6:.1f}M params per model, {len(wl.agents)} agents; "
           f"{args.repeats} repeats, medians, warm page cache (every file read before each run)")
     print("| run | wall s | CPU s | peak RssAnon GB | peak RSS GB | all walls | load (1 min) |")
@@ -105,11 +103,22 @@ def main(argv=None) -> None:
         print(f"| {key} | {row['wall_s']:.2f} | {row['cpu_s']:.2f} | {row['peak_rss_anon_gb']:.2f} | "
               f"{row['peak_rss_gb']:.2f} | {row['wall_s_all']} | {row['load_all']} |")
     for method, ratio in ratios.items():
-        print(f"verify / merge, {method}: {ratio['wall']:.2f}x wall, {ratio['peak_rss_anon']:.2f}x peak RssAnon")
+        print(f"verify / merge, {method}: {ratio['wall']:.2f}x wall, {ratio['cpu']:.2f}x CPU, "
+              f"{ratio['peak_rss_anon']:.2f}x peak RssAnon; per round (wall): {ratio['wall_per_round']}")
     if args.out:
         Path(args.out).write_text(json.dumps({"workload": args.workload, "repeats": args.repeats,
                                               "machine": measure.machine(), "medians": rows, "ratios": ratios,
                                               "runs": runs}, indent=1) + "\n")
+
+
+def ratio(rows: dict, runs: dict, method: str) -> dict:
+    """verify / merge of one method: of the medians (wall, CPU, peak RssAnon), and of each round's pair (a busy
+    neighbour stretches the two runs of one round more alike than runs minutes apart; CPU time moves least)."""
+    verify, merge = rows[f"verify {method}"], rows[f"merge {method}"]
+    pairs = zip(runs[f"verify {method}"], runs[f"merge {method}"], strict=True)
+    return {"wall": verify["wall_s"] / merge["wall_s"], "cpu": verify["cpu_s"] / merge["cpu_s"],
+            "peak_rss_anon": verify["peak_rss_anon_gb"] / merge["peak_rss_anon_gb"],
+            "wall_per_round": [round(v["wall_s"] / m["wall_s"], 2) for v, m in pairs]}
 
 
 def summary(found: list[dict]) -> dict:
