@@ -102,9 +102,9 @@ def main(argv=None) -> None:
     for key, row in rows.items():
         print(f"| {key} | {row['wall_s']:.2f} | {row['cpu_s']:.2f} | {row['peak_rss_anon_gb']:.2f} | "
               f"{row['peak_rss_gb']:.2f} | {row['wall_s_all']} | {row['load_all']} |")
-    for method, ratio in ratios.items():
-        print(f"verify / merge, {method}: {ratio['wall']:.2f}x wall, {ratio['cpu']:.2f}x CPU, "
-              f"{ratio['peak_rss_anon']:.2f}x peak RssAnon; per round (wall): {ratio['wall_per_round']}")
+    for method, found in ratios.items():
+        print(f"verify / merge, {method}: {found['wall']:.2f}x wall, {found['cpu']:.2f}x CPU, "
+              f"{found['peak_rss_anon']:.2f}x peak RssAnon; per round (wall): {found['wall_per_round']}")
     if args.out:
         Path(args.out).write_text(json.dumps({"workload": args.workload, "repeats": args.repeats,
                                               "machine": measure.machine(), "medians": rows, "ratios": ratios,
