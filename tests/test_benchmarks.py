@@ -406,3 +406,22 @@ def test_determinism_counts_differences_in_ulp():
     assert det.diff(neg_zero, torch.tensor([0.0, 0.0, -1.0, 2.0], dtype=torch.bfloat16))["max_ulp"] == 0
     tiny = torch.tensor([1e-45, -1e-45], dtype=torch.float32)  # the smallest subnormals either side of zero
     assert det.diff(tiny, tiny.flip(0))["max_ulp"] == 2
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "mergekit-yaml").exists(), reason="mergekit-yaml not installed")
+def test_verify_any_method_benchmark_on_tiny(tmp_path):
+    """benchmarks/verify_any_method.py (issue 70's time target) on `tiny`, slerp alone and one round to stay short:
+    a merge by mergekit with the plugin disabled, verified (each timed process exits 0), its medians and ratio."""
+    out = tmp_path / "verify.json"
+    cmd = [sys.executable, str(BENCH / "verify_any_method.py"), "--workload", "tiny", "--repeats", "1",
+           "--methods", "slerp", "--root", str(tmp_path / "workloads"), "--scratch", str(tmp_path), "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["runs"]) == {"merge slerp", "verify slerp"}
+    for key, (run,) in result["runs"].items():
+        assert run["ok"] and run["wall_s"] > 0 and run["peak_rss_anon_kib"] > 0, (key, run)
+    merge, verify = result["medians"]["merge slerp"], result["medians"]["verify slerp"]
+    assert result["ratios"]["slerp"]["wall"] == pytest.approx(verify["wall_s"] / merge["wall_s"])
+    assert f"verify / merge, slerp: {verify['wall_s'] / merge['wall_s']:.2f}x wall" in done.stdout
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("verify-any-")] == []  # its scratch removed

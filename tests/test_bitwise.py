@@ -62,3 +62,21 @@ def test_chunks_add_up():
     b = a.clone()
     b[[0, 333, 999]] += torch.tensor([1.0, 4.0, 0.5])
     assert bitwise.bit_differences(a, b, chunk=7) == bitwise.bit_differences(a, b) == (3, 0, 4.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.complex64, torch.bool])
+def test_equal_bits_are_found_in_one_pass_and_a_difference_still_counted(dtype):
+    """The pass that finds equal bits (`_same_bits`, torch.equal of integer views) says what the chunks say: a NaN
+    equals the same NaN, -0.0 is not 0.0, and one change in the last chunk is found and counted once."""
+    a = torch.arange(1000).to(dtype) if dtype == torch.bool else (torch.arange(1000) - 500).to(dtype)
+    if dtype.is_floating_point:
+        a[[3, 7]] = torch.tensor([float("nan"), -0.0]).to(dtype)
+    assert bitwise.bit_differences(a, a.clone(), chunk=7) == (0, 0, None)
+    b = a.clone()
+    if dtype == torch.bool:
+        b[999] = ~b[999]
+    elif dtype.is_floating_point:
+        b[7] = 0.0  # -0.0 against 0.0
+    else:
+        b[999] += 1
+    assert bitwise.bit_differences(a, b, chunk=7)[0] == 1

@@ -4,8 +4,8 @@ Two tensors are identical when they hold the same bits: -0.0 and 0.0 differ, a N
 with the same bits. A differing tensor is described by the count of differing elements and the
 largest |published - recomputed| among those where neither is NaN (0.0 for -0.0 against 0.0,
 inf for a finite number against an infinity); differing elements where either is NaN are counted
-apart (`nan`). The comparison streams in chunks, so it needs a few chunk-sized buffers whatever
-the tensor's size.
+apart (`nan`). Equal bits are found in one pass over both tensors; a tensor that differs is then
+compared in chunks, so it needs a few chunk-sized buffers whatever the tensor's size.
 
 Knows nothing of mergekit or of the folder (`verdict` judges the folder from these).
 """
@@ -128,6 +128,8 @@ def bit_differences(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> tup
     flat_a, flat_b = a.detach().reshape(-1), b.detach().reshape(-1)
     if flat_a.device != flat_b.device:
         flat_b = flat_b.to(flat_a.device)
+    if _same_bits(flat_a, flat_b):  # the common case, a right merge: one pass, no mask to build and count
+        return 0, 0, None
     measurable = not (a.is_complex() or a.dtype.itemsize not in _INTS)
     differing = nan = 0
     largest: float | None = None
@@ -150,6 +152,16 @@ def bit_differences(a: torch.Tensor, b: torch.Tensor, chunk: int = CHUNK) -> tup
                 gap = math.inf
             largest = gap if largest is None else max(largest, gap)
     return differing, nan, largest
+
+
+def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether two flat tensors of one dtype and length hold the same bits. torch.equal of their integer views
+    compares bits (a NaN equals a NaN of the same bits, -0.0 is not 0.0) without building a mask: on a W1 merge's
+    embedding (32.8M bf16) 0.04 s against 0.47 s for the chunks' masks and their sums."""
+    width = x.dtype.itemsize
+    if width in _INTS and not x.is_complex():
+        return torch.equal(x.contiguous().view(_INTS[width]), y.contiguous().view(_INTS[width]))
+    return torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8))
 
 
 def _bits_differ(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
