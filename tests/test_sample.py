@@ -408,3 +408,26 @@ def test_mergekit_multi_stages_sample(qwen_bf16, tmp_path, capsys):
     for stage in ("first", "second"):
         code, verdict, _ = run(inter / stage, capsys, "--sample", "0.3", "--sample-seed", "5")
         assert code == 0 and "no difference in a slice of every tensor" in verdict["headline"], verdict["problems"]
+
+
+def test_a_pickled_published_merge_is_read_whole_and_said(qwen_bf16, run_yaml, capsys, tmp_path):
+    """A merge written with --no-safe-serialization (pytorch_model.bin) has no byte ranges: each tensor is checked
+    whole (as docs/verify.md says a pickled weight file is read), never exit 3; a changed element is still named."""
+    out = run_yaml(config_text(qwen_bf16, list("AB")), out=tmp_path / "o", safe_serialization=False).out
+    assert list(out.glob("*.bin")) and not list(out.glob("*.safetensors"))
+    code, verdict, _ = run(out, capsys, "--sample", "0.2", "--sample-seed", "3")
+    assert code == 0, (verdict["problems"], verdict.get("cannot_check"))
+    whole = verdict["sample"]["whole"]
+    assert len(whole) == verdict["sample"]["tensors_total"]
+    assert set(whole.values()) == {"the published merge is a pickle, which has no byte ranges"}
+    code, text, _ = tv.verify(out, capsys, "--sample", "0.2", "--sample-seed", "3")
+    assert "checked whole, not sliced (the published merge is a pickle, which has no byte ranges)" in text
+    import torch
+
+    weights = out / "pytorch_model.bin"
+    tensors = torch.load(weights, weights_only=True)
+    name = "model.layers.1.mlp.up_proj.weight"
+    tensors[name].view(-1)[-1] = tensors[name].view(-1)[-1] * 2 + 1  # outside most slices: whole, so seen
+    torch.save(tensors, weights)
+    code, verdict, _ = run(out, capsys, "--sample", "0.2", "--sample-seed", "3")
+    assert code == 1 and [row["name"] for row in verdict["tensors"]] == [name], verdict["problems"]

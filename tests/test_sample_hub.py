@@ -10,6 +10,8 @@ on request, ignores ranges, answers other bytes than asked, or stalls.
   progress bars off, without it they are shown;
 * a published merge sampled from the Hub: exit 0 with the slices' headline, every weight file read by ranges only
   (none in the Hub cache), fewer bytes than the files hold; a tampered element in a slice is exit 1, named;
+* a merge published with --no-safe-serialization (`pytorch_model.bin`) sampled from the Hub: read whole, every
+  tensor checked whole and said, exit 0 (it was exit 3, a safetensors header looked for in a pickle);
 * a server that ignores ranges: still exit 0, each file read once and said once; one that answers other bytes
   (short, or shifted): exit 3 or 1, naming the file, never 0; one that stalls on some ranges: exit 3 naming the
   file, within the bound `HF_HUB_DOWNLOAD_TIMEOUT` sets.
@@ -184,3 +186,18 @@ def test_merge_full_and_sampled_verify_through_redirects(qwen_bf16, tmp_path):
         done, _ = _verify(stub.url, tmp_path / "hf-loud", tmp_path / "cwd", "org/merged", "--sample", "0.3",
                           "--sample-seed", "2", quiet=False)  # fmt: skip
         assert done.returncode == 0 and "Fetching" in done.stderr, done.stderr[-3000:]
+
+
+def test_a_pickled_merge_sampled_from_the_hub_is_read_whole(qwen_bf16, run_yaml, tmp_path):
+    from helpers import config_text
+
+    out = run_yaml(config_text(qwen_bf16, list("AB")), out=tmp_path / "o", safe_serialization=False).out
+    (tmp_path / "cwd").mkdir()
+    with HubStub({"org/merged": [out]}, lifetime=900, redirect=True) as stub:
+        done, found = _verify(stub.url, tmp_path / "hf", tmp_path / "cwd", "org/merged", "--sample", "0.2",
+                              "--sample-seed", "3", "--json")  # fmt: skip
+        assert done.returncode == 0 and found is not None, done.stdout[-3000:] + done.stderr[-3000:]
+        assert found["result"] == "no difference in sample"
+        assert set(found["sample"]["whole"].values()) == {"the published merge is a pickle, which has no byte ranges"}
+        pickled = [row for row in stub.sent if row[0].endswith(".bin")]
+        assert pickled and sum(size for *_, size in pickled) == (out / "pytorch_model.bin").stat().st_size
