@@ -181,12 +181,8 @@ def _run_again(
             method.against_slices(merge, stats, counted, recorded, outcome)
         only = set(drawn.whole)
     merge.compare(outcome, only)
-    if outcome.sample is not None:
-        remote = mirror.remote if mirror is not None else {}
-        outcome.sample.bytes_read = sample.bytes_read(spans, remote)
-        if mirror is not None:
-            outcome.sample.bytes_read += mirror.reader.received
-            outcome.sample.more_than_needed += mirror.reader.more_than_needed
+    if outcome.sample is not None:  # bytes and requests read, beside a full verify's bytes
+        ranged.account(outcome.sample, spans, mirror)
     other_files.check(found.folder, recorded, made, outcome, method, **merge.beside())
 
 
