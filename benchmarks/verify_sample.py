@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -93,7 +94,8 @@ def main(argv=None) -> None:
         link = f"[{row['link']}] " if row.get("link") else ""
         print(f"{link}{row['what']:<36} exit {row['returncode']}  {row['wall_s']:8.1f} s  {row['requests']:7,} "
               f"requests  sent {row['sent'] / 1e6:10,.1f} MB (weights {row['sent_weights'] / 1e6:,.1f} MB{read}), "
-              f"load {row['loadavg_1m']:.1f}{ratio}")
+              f"load {row['loadavg_1m']:.1f}, cpu {row['verify_cpu_s']:.1f} s + stand-in {row['stand_in_cpu_s']:.1f} s"
+              f"{ratio}")
     if args.out:
         Path(args.out).write_text(json.dumps({"workload": args.workload, "share": args.share, "seeds": args.seeds,
                                               "links": args.link, "weights_bytes": weights, "runs": rows},
@@ -158,6 +160,10 @@ def _on_loopback(args, inputs: dict, scratch: Path, out: Path, cwd: Path, seeds:
                 shutil.rmtree(scratch / f"hf-s{share}-{seed}", ignore_errors=True)
 
 
+def _cpu(usage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
 def _seeds(text: str) -> list[str]:
     """`1,2,3` or `1-10` as the list of seeds."""
     if "-" in text:
@@ -172,15 +178,21 @@ def _run(what: str, cmd: list[str], stub: HubStub, home: Path, cwd: Path, link: 
     env = {**hub_env(stub.url, home), "MERGEKIT_RAM_CACHE": "off"}
     before, asked, load = len(stub.sent), len(stub.requests), os.getloadavg()[0]
     connections = stub.link.connections if stub.link else 0
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(cmd, env=env, cwd=str(cwd), capture_output=True, text=True)
     wall = time.perf_counter() - start
+    own_after, children_after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     sent = stub.sent[before:]
     requests = stub.requests[asked:]
     row = {"what": what, "link": link, "wall_s": round(wall, 2), "returncode": done.returncode, "loadavg_1m": load,
            "loadavg_1m_after": os.getloadavg()[0], "requests": len(requests),
            "weight_requests": sum(1 for _, path, _ in requests if ".safetensors" in path or ".bin" in path),
            "connections": (stub.link.connections - connections) if stub.link else None,
+           # CPU seconds of the process verified (its children's) and of the stand-in (this process's threads):
+           # on the Hub the stand-in's share is not the user's machine's
+           "verify_cpu_s": round(_cpu(children_after) - _cpu(children), 2),
+           "stand_in_cpu_s": round(_cpu(own_after) - _cpu(own), 2),
            "sent": sum(size for *_, size in sent),
            "sent_weights": sum(size for path, _, size in sent if path.endswith((".safetensors", ".bin")))}
     try:
