@@ -74,6 +74,10 @@ WORKLOADS.update({
     "R8": spec("llama", hidden=4096, layers=32, vocab=128256, intermediate=14336, heads=32, kv_heads=8,
                shard_size=HF_SHARD),
 })
+#: Llama-3.2-3B's tensor layout (28 layers, tied embeddings, its vocabulary) at 1/16 of its width (hidden 192,
+#: MLP 512, 3 heads of 64): 37.0M params, 296 MB for base + 3 agents in one file each. Issue 71's fixture for
+#: `verify --sample` through a link with latency, where the cost is the number of tensors, not their size.
+WORKLOADS["R3w"] = spec("llama", hidden=192, layers=28, vocab=128256, tied=True, intermediate=512, heads=3, kv_heads=3)
 #: Mixture-of-experts workloads, stored one tensor per expert as hub checkpoints are; RL updates are very
 #: sparse there (3 / 20 / 40 % dense agents).
 MOE_DENSITIES = (0.03, 0.20, 0.40)

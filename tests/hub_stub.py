@@ -57,6 +57,13 @@ with the `X-Error-Code` the hub sends (`RepoNotFound`, `RevisionNotFound`,
 (`requests`) so a test can say which endpoints were used, or that none was.
 
 The server stops by itself after `lifetime` seconds, and at `close()` (a context manager).
+
+A link between the client and the Hub (issue 71: what a request costs a stranger on an ordinary network), both
+servers behind it: `latency` (seconds) is waited once per request, after the request is read and before it is
+answered (a round trip), and once more per new connection (its handshake); `bandwidth` (bytes per second) is
+shared by every answer of both origins, each sent in 64 KiB pieces paced at that rate. With either, connections
+are kept open between requests (HTTP/1.1), as the Hub's are. `link.connections` and `link.requests` count what
+came through it. Without them, answers are as fast as the machine gives.
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -125,8 +133,11 @@ class HubStub:
         lifetime: float = 120.0,
         ranges: str = "honour",
         redirect: bool = False,
+        latency: float = 0.0,
+        bandwidth: float | None = None,
     ):
         assert ranges in ("honour", "ignore", "short", "shifted", "stall"), ranges
+        self.link = Link(latency, bandwidth) if latency or bandwidth else None  # a link's cost (below), or none
         self.ranges, self.redirect = ranges, redirect
         self._closing = threading.Event()
         self.sent: list[tuple[str, str | None, int]] = []
@@ -164,6 +175,7 @@ class HubStub:
             def log_message(self, format, *args):
                 pass
 
+        Handler, Origin = shaped(Handler, self.link), shaped(Origin, self.link)  # type: ignore[misc]
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -414,6 +426,83 @@ class HubStub:
         handler.end_headers()
         if body:
             handler.wfile.write(data)
+
+
+# ------------------------------------------------------------ a link with latency and bandwidth (issue 71)
+
+
+class Link:
+    """A link's cost: `latency` seconds per round trip, `bandwidth` bytes per second shared by every answer (None:
+    unlimited). Thread-safe; `connections`, `requests`: what came through it."""
+
+    PIECE = 1 << 16  # bytes paced at a time: concurrent answers share the rate piece by piece
+
+    def __init__(self, latency: float = 0.0, bandwidth: float | None = None):
+        assert latency >= 0 and (bandwidth is None or bandwidth > 0), (latency, bandwidth)
+        self.latency, self.bandwidth = float(latency), bandwidth
+        self.connections = self.requests = 0
+        self._lock = threading.Lock()
+        self._free = 0.0  # when the shared link has sent everything reserved so far
+
+    def round_trip(self, *, connection: bool = False) -> None:
+        with self._lock:
+            if connection:
+                self.connections += 1
+            else:
+                self.requests += 1
+        if self.latency:
+            time.sleep(self.latency)
+
+    def pace(self, size: int) -> None:
+        """Wait until `size` more bytes have had their turn on the shared link."""
+        if self.bandwidth is None or size <= 0:
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._free = max(now, self._free) + size / self.bandwidth
+            wait = self._free - now
+        time.sleep(wait)
+
+
+class _Paced:
+    """A handler's `wfile` whose writes go out at the link's rate."""
+
+    def __init__(self, raw, link: Link):
+        self._raw, self._link = raw, link
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        for start in range(0, len(view), Link.PIECE):
+            piece = view[start : start + Link.PIECE]
+            self._link.pace(len(piece))
+            self._raw.write(piece)
+        return len(view)
+
+    def __getattr__(self, name):  # flush, close, closed: the socket's writer's
+        return getattr(self._raw, name)
+
+
+def shaped(handler: type[BaseHTTPRequestHandler], link: Link | None) -> type[BaseHTTPRequestHandler]:
+    """`handler` behind `link` (itself when there is none): keep-alive, a round trip per connection and per
+    request, answers paced."""
+    if link is None:
+        return handler
+
+    class Shaped(handler):  # type: ignore[valid-type, misc]
+        protocol_version = "HTTP/1.1"  # every answer has a Content-Length: connections stay open, as the Hub's
+
+        def setup(self):
+            super().setup()
+            link.round_trip(connection=True)  # the connection's handshake
+            self.wfile = _Paced(self.wfile, link)
+
+        def parse_request(self):
+            ok = super().parse_request()
+            if ok:
+                link.round_trip()  # the request's way there and its answer's way back
+            return ok
+
+    return Shaped
 
 
 def unreachable_url() -> str:

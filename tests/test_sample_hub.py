@@ -10,6 +10,8 @@ on request, ignores ranges, answers other bytes than asked, or stalls.
   progress bars off, without it they are shown;
 * a published merge sampled from the Hub: exit 0 with the slices' headline, every weight file read by ranges only
   (none in the Hub cache), fewer bytes than the files hold; a tampered element in a slice is exit 1, named;
+* a merge published with --no-safe-serialization (`pytorch_model.bin`) sampled from the Hub: read whole, every
+  tensor checked whole and said, exit 0 (it was exit 3, a safetensors header looked for in a pickle);
 * a server that ignores ranges: still exit 0, each file read once and said once; one that answers other bytes
   (short, or shifted): exit 3 or 1, naming the file, never 0; one that stalls on some ranges: exit 3 naming the
   file, within the bound `HF_HUB_DOWNLOAD_TIMEOUT` sets.
@@ -92,10 +94,10 @@ def _served(hub, more: dict) -> dict:
 def _seed(hub, tensor: str, share: float, element: int = 0) -> int:
     """A seed whose slice of `tensor` holds `element`, as verify cuts it (its shape from the merge's header)."""
     with safe_open(str(hub.out / "model.safetensors"), framework="pt") as f:
-        shape = f.get_slice(tensor).get_shape()
-    numel, row = math.prod(shape), math.prod(shape[1:])
+        shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}  # every tensor: its runs depend on all
+    sizes = {name: (math.prod(shape), math.prod(shape[1:])) for name, shape in shapes.items()}
     for seed in range(1000):
-        cut = sample.cut(tensor, numel, row, share, seed)
+        cut = next(s for s in sample.draw(sizes, share, seed).slices if s.name == tensor)
         if any(a <= element < b for a, b in cut.spans()):
             return seed
     raise AssertionError(f"no seed slices element {element} of {tensor}")
@@ -103,7 +105,7 @@ def _seed(hub, tensor: str, share: float, element: int = 0) -> int:
 
 def test_a_sample_from_the_hub_reads_ranges_only(hub, published, tmp_path):  # noqa: F811
     home = tmp_path / "hf"  # a fresh cache: what this verify fetches is all there is
-    done, found = _verify(published.stub.url, home, hub.root / "cwd", "org/merged", "--sample", "0.3",
+    done, found = _verify(published.stub.url, home, hub.root / "cwd", "org/merged", "--sample", "0.05",
                           "--sample-seed", "4", "--json")  # fmt: skip
     before = len(published.stub.sent)
     assert done.returncode == 0 and found is not None, done.stdout[-3000:] + done.stderr[-3000:]
@@ -176,11 +178,32 @@ def test_merge_full_and_sampled_verify_through_redirects(qwen_bf16, tmp_path):
         assert done.returncode == 0 and "bit-identical" in found["headline"], done.stdout[-3000:] + done.stderr[-3000:]
         before = len(stub.sent)
         done, found = _verify(stub.url, tmp_path / "hf-sample", tmp_path / "cwd", "org/merged", "--sample", "0.3",
-                              "--sample-seed", "2")  # fmt: skip
+                              "--sample-seed", "2", "--json")  # fmt: skip
         assert done.returncode == 0 and "no difference in a slice of every tensor" in done.stdout, done.stderr[-3000:]
         assert "Fetching" not in done.stderr and "it/s" not in done.stderr  # -q: no bar of huggingface_hub's
         weights = [row for row in stub.sent[before:] if row[0].endswith(".safetensors")]
         assert weights and all(asked is not None for _, asked, _ in weights), weights  # ranges only
+        drawn = found["sample"]  # the cost said: each ranged read one request, every byte that came counted
+        assert drawn["requests"] == len(weights) and drawn["bytes_read"] == sum(size for *_, size in weights)
+        assert drawn["bytes_read"] < drawn["full_verify_bytes"] and drawn["full_verify_cheaper"] is True  # tiny
         done, _ = _verify(stub.url, tmp_path / "hf-loud", tmp_path / "cwd", "org/merged", "--sample", "0.3",
                           "--sample-seed", "2", quiet=False)  # fmt: skip
         assert done.returncode == 0 and "Fetching" in done.stderr, done.stderr[-3000:]
+        said = [line.strip() for line in done.stdout.splitlines()]
+        assert f"HTTP range requests (a full verify reads {drawn['full_verify_bytes'] / 1e6:,.1f} MB)" in done.stdout
+        assert sum(line.startswith("a full verify would likely cost less here: ") for line in said) == 1  # one line
+
+
+def test_a_pickled_merge_sampled_from_the_hub_is_read_whole(qwen_bf16, run_yaml, tmp_path):
+    from helpers import config_text
+
+    out = run_yaml(config_text(qwen_bf16, list("AB")), out=tmp_path / "o", safe_serialization=False).out
+    (tmp_path / "cwd").mkdir()
+    with HubStub({"org/merged": [out]}, lifetime=900, redirect=True) as stub:
+        done, found = _verify(stub.url, tmp_path / "hf", tmp_path / "cwd", "org/merged", "--sample", "0.2",
+                              "--sample-seed", "3", "--json")  # fmt: skip
+        assert done.returncode == 0 and found is not None, done.stdout[-3000:] + done.stderr[-3000:]
+        assert found["result"] == "no difference in sample"
+        assert set(found["sample"]["whole"].values()) == {"the published merge is a pickle, which has no byte ranges"}
+        pickled = [row for row in stub.sent if row[0].endswith(".bin")]
+        assert pickled and sum(size for *_, size in pickled) == (out / "pytorch_model.bin").stat().st_size

@@ -31,6 +31,9 @@ from mergekit_ram.method import NAME, refuse_foreign, resolves_to_ours
 from mergekit_ram.session import Mode, active
 from mergekit_ram.verify import any_method, bitwise, recompute, record_checks, sample, verdict
 
+#: why a tensor of a pickled published merge (`pytorch_model.bin`) is checked whole
+PICKLED = "the published merge is a pickle, which has no byte ranges"
+
 
 class Mergekit:
     """`verify.recompute.Recompute` on mergekit 0.1.5 (the one instance: `MERGEKIT`)."""
@@ -128,7 +131,8 @@ class MergekitMerge:
         for name, task, _optional, _dtype in self.plan.saves():
             shape = self._planned_shape(task, name)
             shapes[name] = (_numel(shape), _numel(list(shape or [1])[1:]))
-            why = self._whole(task)
+            published = self.index.get(name, "")  # a merge written with --no-safe-serialization: no byte ranges
+            why = PICKLED if published and not published.endswith(".safetensors") else self._whole(task)
             if why is not None:
                 whole[name] = why
         return shapes, whole

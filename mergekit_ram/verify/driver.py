@@ -298,12 +298,8 @@ def _run_again(
         only = set(merge.shapes()[0]) - set(drawing)
     merge.compare(outcome, only)
     _last_bits(merge, found)
-    if outcome.sample is not None:
-        remote = mirror.remote if mirror is not None else {}
-        outcome.sample.bytes_read = sample.bytes_read(spans, remote)
-        if mirror is not None:
-            outcome.sample.bytes_read += mirror.reader.received
-            outcome.sample.more_than_needed += mirror.reader.more_than_needed
+    if outcome.sample is not None:  # bytes and requests read, beside a full verify's bytes
+        ranged.account(outcome.sample, spans, mirror)
     other_files.check(found.folder, recorded, made, outcome, method, **merge.beside())
     local = [row.model for row in record_checks.recorded_inputs(recorded) if recorded.get(record_checks.CONFIG_ONLY)
              and not row.identity and row.model not in found.copies]  # fmt: skip

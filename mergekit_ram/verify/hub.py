@@ -241,7 +241,7 @@ def guarded() -> Iterator[_Answers]:
 
     def client() -> Any:
         session = _http.default_client_factory()
-        answers.inner = session._transport
+        answers.inner = _kept_open(session._transport)
         session._transport = answers  # type: ignore[assignment]  # a transport by duck typing: handle_request, close
         return session
 
@@ -250,6 +250,27 @@ def guarded() -> Iterator[_Answers]:
         yield answers
     finally:
         set_client_factory(_http.default_client_factory)
+
+
+#: connections the client keeps open for reuse (its default keeps 20): `verify --sample` has up to
+#: `ranged.PARALLEL` ranged reads in flight, and a connection opened again costs a handshake (TCP and TLS: two or
+#: three round trips) on every request beyond the 20
+KEEP_OPEN = 64
+
+
+def _kept_open(transport: Any) -> Any:
+    """huggingface_hub's default transport made again with `KEEP_OPEN` connections kept open, its other settings
+    the default's (httpx's or httpx2's `HTTPTransport`, whichever huggingface_hub uses); as it was if it cannot be."""
+    import importlib
+
+    try:
+        package = importlib.import_module(type(transport).__module__.split(".")[0])
+        limits = package.Limits(max_connections=max(100, KEEP_OPEN), max_keepalive_connections=KEEP_OPEN)
+        pooled = type(transport)(limits=limits)
+    except Exception:  # another transport than the default's: kept as huggingface_hub made it
+        return transport
+    transport.close()
+    return pooled
 
 
 def download(repository: str, commit: str, names: list[str], cache_dir: str | None) -> str:

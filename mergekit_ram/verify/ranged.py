@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from mergekit_ram import errors, files
 from mergekit_ram.core import cache
 from mergekit_ram.errors import Unreadable
-from mergekit_ram.verify import hub
+from mergekit_ram.verify import hub, sample
 
 #: what mergekit fetches of a hub input (`ModelReference.local_path`, 0.1.5): these, and its weights
 INPUT_PATTERNS = ("tokenizer.model", "*.json")
@@ -41,7 +41,7 @@ JOIN = 1 << 26
 #: ranges of a file at most this many bytes apart are asked for in one request
 GAP = 1 << 12
 #: requests in flight at once
-PARALLEL = 8
+PARALLEL = 32
 
 
 class Reader:
@@ -52,23 +52,42 @@ class Reader:
     def __init__(self, endpoint: str | None = None) -> None:
         self.endpoint = endpoint
         self.received = 0
+        self.requests = 0  # ranged reads asked (a redirect followed counts once): what `--sample` reports
         self.more_than_needed: list[str] = []
         self.located: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._urls: dict[tuple[str, str, str], str] = {}
+        self._headers: dict[str, str] | None = None
 
     def count(self, size: int) -> None:
         with self._lock:
             self.received += size
 
+    def _asked(self, repository: str, commit: str, name: str) -> tuple[str, dict[str, str]]:
+        """The file's Hub URL and the request headers, made once per file and per reader: thousands of ranges
+        each paid for both (the token looked up, the URL quoted) on CPUs that the recompute shares."""
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers
+
+        with self._lock:
+            url = self._urls.get((repository, commit, name))
+            if url is None:
+                url = self._urls[repository, commit, name] = hf_hub_url(
+                    repository, name, revision=commit, endpoint=self.endpoint
+                )
+            if self._headers is None:
+                self._headers = {**build_hf_headers(), "Accept-Encoding": "identity"}
+            self.requests += 1
+            return url, self._headers
+
     def read(self, repository: str, commit: str, name: str, start: int, stop: int) -> tuple[bytes, int]:
         """Bytes [start, stop) of `name` and the file's size; from a server that ignores ranges (HTTP 200), the
         whole file instead (then len(bytes) is the size, and the file is noted once)."""
-        from huggingface_hub import hf_hub_url
-        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+        from huggingface_hub.utils import get_session, hf_raise_for_status
 
         said = f"{repository}@{commit}/{name}"
-        headers = {**build_hf_headers(), "Range": f"bytes={start}-{stop - 1}", "Accept-Encoding": "identity"}
-        url = hf_hub_url(repository, name, revision=commit, endpoint=self.endpoint)
+        url, common = self._asked(repository, commit, name)
+        headers = {**common, "Range": f"bytes={start}-{stop - 1}"}
         located = self.located.get(url)  # where the Hub redirected this file before: asked there directly
         try:
             with get_session().stream("GET", located or url, headers=headers, follow_redirects=True) as response:
@@ -110,13 +129,15 @@ def _partial(said: str, header: str | None, start: int, stop: int) -> int:
 
 
 def _take(response: object, count: int, reader: Reader) -> bytes:
-    """At most `count` bytes of a streamed body (then the rest is left unread)."""
+    """At most `count` bytes of a streamed body: read to its end when it holds no more (so the connection is kept
+    for the next request: a body left unread closes it), the rest left unread when the server sends more."""
     out = bytearray()
     for chunk in response.iter_bytes():  # type: ignore[attr-defined]
         reader.count(len(chunk))
-        out += chunk[: count - len(out)]
-        if len(out) >= count:
-            break
+        room = count - len(out)
+        out += chunk[:room]
+        if len(chunk) > room:
+            break  # the server sends more than asked: the rest is not read
     return bytes(out)
 
 
@@ -129,6 +150,7 @@ class Mirror:
         #: a stand-in weight file (its real path) -> (repository, commit, name in it); and the ranges it holds
         self.remote: dict[str, tuple[str, str, str]] = {}
         self.held: dict[str, list[tuple[int, int]]] = {}
+        self.whole: set[str] = set()  # stand-ins a server sent whole: nothing more is asked of them
         self._lock = threading.Lock()
 
     def folder(self, repository: str, commit: str) -> str:
@@ -154,6 +176,8 @@ class Mirror:
         with open(path, "wb") as f:
             f.truncate(size)
         self._write(path, 0, first)
+        if len(first) == size != 8:  # a server that ignores ranges sent it whole
+            self.whole.add(os.path.realpath(path))
         if not name.endswith(".safetensors"):
             self.fill(path, [(8, size)])
             return
@@ -194,13 +218,15 @@ class Mirror:
                 raise
 
     def _fetch(self, path: str, start: int, stop: int) -> None:
-        with self._lock:
-            if any(a <= start and stop <= b for a, b in self.held.get(path, [])):
+        with self._lock:  # a set, not the held spans: thousands of ranges of one file each looked through them all
+            if path in self.whole:
                 return  # a server that sent the whole file already gave it
         repository, commit, name = self.remote[path]
         data, size = self.reader.read(repository, commit, name, start, stop)
         if len(data) == size and (start, stop) != (0, size):  # the whole file (a server that ignores ranges)
             self._write(path, 0, data)
+            with self._lock:
+                self.whole.add(path)
         else:
             self._write(path, start, data)
 
@@ -233,6 +259,19 @@ def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((start, stop))
     return out
+
+
+def account(drawn: sample.Sample, spans: Mapping[str, Iterable[tuple[int, int]]], mirror: Mirror | None) -> None:
+    """What a sample read, into `drawn`: the bytes of weight files (`spans`' local ones, each byte once, and what
+    came from the Hub), the requests made, why more than needed came, and the bytes a full verify reads (every
+    weight file whole: a stand-in has its file's true size)."""
+    remote = mirror.remote if mirror is not None else {}
+    drawn.bytes_read = sample.bytes_read({path: set(found) for path, found in spans.items()}, remote)
+    drawn.full_bytes = sum(os.path.getsize(path) for path in spans)
+    if mirror is not None:
+        drawn.bytes_read += mirror.reader.received
+        drawn.requests = mirror.reader.requests
+        drawn.more_than_needed += mirror.reader.more_than_needed
 
 
 def input_names(listed: Iterable[str]) -> tuple[list[str], list[str]]:

@@ -48,10 +48,14 @@ for a sample too):
 - `notes[]`: what does not decide the result (versions differing from the recorded ones, ...);
 - `sample` (only with `verify --sample P`, P < 1): `seed`, `share` (P), `tensors_checked`, `tensors_total` (every
   tensor: a slice of each), `elements_checked`, `elements_total`, `bytes_read` (bytes of weight files read, from disk
-  or the network, each byte once), `least_draws` (the fewest runs drawn from a sliced tensor) and `pass_bound` (share
-  of differing weights -> the most such a merge passes with: `verify/sample.py`), `more_than_needed` (why more was
-  read: a server that ignored ranges), `tensors` (names), `runs_per_tensor`, `whole` (tensor -> why it was checked
-  whole), `counts` (the counts check, a sentence, or null) and `slices` (tensor -> `share`, `run`, `runs`).
+  or the network, each byte once), `requests` (HTTP range requests made; 0 when every file is local),
+  `full_verify_bytes` (what a full verify reads of the weight files), `full_verify_cheaper` (whether it would likely
+  have cost less: the verdict's line), `least_draws` (the fewest runs drawn from a sliced tensor) and `pass_bound`
+  (share of differing weights -> the most such a merge passes with: `verify/sample.py`), `tensor_pass_bound` (share
+  of a tensor's elements differing -> the most such a tensor passes with, the least drawn), `more_than_needed` (why
+  more was read: a server that ignored ranges), `tensors` (names), `runs_per_tensor` (the most), `whole` (tensor ->
+  why it was checked whole), `counts` (the counts check, a sentence, or null) and `slices` (tensor -> `share`,
+  `run`, `runs`).
   With a sample, `result` is never "identical": "no difference in sample", and the headline says so.
 
 Every exit but a usage error's prints this JSON; a NaN or infinity anywhere in it (a record's value) is a string.
