@@ -369,6 +369,7 @@ def test_methods_give_a_valid_config_for_every_registered_method():
         methods.configs("/m/base", ["/m/a"])
 
 
+@pytest.mark.stage_one  # two real interpreter starts; the benchmark's, not the package's
 def test_determinism_runs_on_tiny(tmp_path):
     """benchmarks/determinism.py end to end on its tiny model: one element-wise and one random method, the reference
     process and a second one (two real interpreters: about 10 s each to start)."""
@@ -409,6 +410,7 @@ def test_determinism_counts_differences_in_ulp():
 
 
 @pytest.mark.skipif(not (Path(sys.executable).parent / "mergekit-yaml").exists(), reason="mergekit-yaml not installed")
+@pytest.mark.stage_one  # real interpreter starts; the benchmark's, not the package's
 def test_verify_any_method_benchmark_on_tiny(tmp_path):
     """benchmarks/verify_any_method.py (issue 70's time target) on `tiny`, slerp alone and one round to stay short:
     a merge by mergekit with the plugin disabled, verified (each timed process exits 0), its medians and ratio."""

@@ -360,6 +360,9 @@ def test_verify_takes_mergekits_merge_options_but_the_recorded_and_the_writing_o
         "identical": common.EXIT_OK,
         "differs": common.EXIT_NOT_IDENTICAL,
         "cannot check": common.EXIT_CANNOT_CHECK,
+        verdict.LAST_BITS: common.EXIT_CANNOT_CHECK,
+        verdict.ACCEPTED: common.EXIT_OK,
+        verdict.MACHINE: common.EXIT_CANNOT_CHECK,
     }
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from helpers import console_script
 from hub_stub import HubStub, hub_env
 
 START = datetime(2026, 3, 1, 12, tzinfo=timezone.utc)
@@ -30,13 +30,6 @@ dtype: bfloat16
 """
 
 
-def _exe(name: str) -> str:
-    exe = Path(sys.executable).parent / name
-    if not exe.exists():
-        pytest.skip(f"the {name} console script is not installed next to this interpreter")
-    return str(exe)
-
-
 @pytest.fixture(scope="module")
 def made(qwen_bf16, tmp_path_factory):
     """The merge, made when `org/agent`'s head was its second commit."""
@@ -48,7 +41,8 @@ def made(qwen_bf16, tmp_path_factory):
     with HubStub(served, lifetime=600) as stub:
         env = hub_env(stub.url, root / "merge_home") | {"MERGEKIT_RAM_DISABLE": "1"}
         done = subprocess.run(
-            [_exe("mergekit-yaml"), str(root / "merge.yml"), str(root / "merged"), "--no-copy-tokenizer", "--quiet"],
+            [console_script("mergekit-yaml"), str(root / "merge.yml"), str(root / "merged"), "--no-copy-tokenizer",
+             "--quiet"],
             capture_output=True, text=True, timeout=600, env=env, cwd=str(cwd),
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
@@ -72,7 +66,7 @@ def _verify(qwen_bf16, root: Path, squashed: bool) -> tuple[int, dict]:
             stub.squash("org/agent", 3)
         home = root / ("home-squashed" if squashed else "home")
         done = subprocess.run(
-            [_exe("mergekit-ram"), "verify", "org/merged", "--json", "-q"],
+            [console_script("mergekit-ram"), "verify", "org/merged", "--json", "-q"],
             capture_output=True, text=True, timeout=600, env=hub_env(stub.url, home), cwd=str(root / "cwd"),
         )  # fmt: skip
     assert done.stdout, done.stderr[-3000:]

@@ -19,7 +19,8 @@ EXIT_BAD_INPUT = 1
 EXIT_NOT_IDENTICAL = 1
 #: a usage error: an option, the config, a missing file named on the command line
 EXIT_USAGE = 2
-#: `verify` cannot check: an input missing or changed, a file or option refused, the Hub unreachable or contradicting
+#: `verify` cannot check: an input missing or changed, a file or option refused, the Hub unreachable or contradicting;
+#: also differences no larger than the method's bits move between machines (`verdict.LAST_BITS`, `verdict.MACHINE`)
 EXIT_CANNOT_CHECK = 3
 #: interrupted (Ctrl-C), as a shell reports SIGINT
 EXIT_INTERRUPTED = 130

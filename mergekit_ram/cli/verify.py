@@ -28,7 +28,8 @@ HELP = (
     "every tensor recomputed and compared bit for bit, then the statistics, the card and the other files a "
     "loader reads; writing nothing, running no code of them. "
     "Exit 0: bit-identical; 1: not what it records (each difference named); 2: a usage error; 3: cannot check (an "
-    "input missing or changed, a file or option refused, the Hub unreachable or contradicting)."
+    "input missing or changed, a file or option refused, the Hub unreachable or contradicting, a random method "
+    "without --random-seed, or differences only as large as the method's bits move between machines)."
 )
 
 #: verify's options in --help by what they change (`--lora-merge-cache`, where merged LoRAs are written: unlisted)

@@ -200,6 +200,7 @@ def _inferred(run: Attempt, outcome: verdict.Outcome, recorded: dict, unpinned: 
     final = tried[0] if tried else outcome
     if not tried:
         final.error = f"the inputs' history at {history.iso(when)}: {choice.reason}"
+        run.unfetched(final)
     else:
         final.checked.append(f"the inputs' commits up to {history.iso(when)}: {choice.reason}")
     return final
@@ -301,8 +302,8 @@ def _run_again(
     if outcome.sample is not None:  # bytes and requests read, beside a full verify's bytes
         ranged.account(outcome.sample, spans, mirror)
     other_files.check(found.folder, recorded, made, outcome, method, **merge.beside())
-    local = [row.model for row in record_checks.recorded_inputs(recorded) if recorded.get(record_checks.CONFIG_ONLY)
-             and not row.identity and row.model not in found.copies]  # fmt: skip
+    rows = record_checks.recorded_inputs(recorded) if recorded.get(record_checks.CONFIG_ONLY) else []
+    local = [row.model for row in rows if not row.identity and row.model not in found.copies]
     if local and outcome.result == "identical":
         outcome.checked.append(f"the merge reproduced from the files of {len(local)} local folder(s) as they are now")
 
