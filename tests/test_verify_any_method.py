@@ -232,3 +232,28 @@ def test_the_cards_yaml_block_and_base_models_on_plain_text():
     assert any_method.base_model_problem(card, set(), {"org/a"}) is None  # a folder here too: mergekit asked the Hub
     assert "org/b" in any_method.base_model_problem(card, {"org/b"}, set())
     assert any_method.base_model_problem("# no front matter\n", {"org/a"}, set()) is None
+
+
+@pytest.mark.quick
+def test_a_union_without_a_base_starts_from_the_tokenizer_the_published_ids_allow():
+    """Without a base_model mergekit starts a union from the first of a set of models (its process's hash order): a
+    wide agent first keeps its own ids for the tokens it adds, another first numbers them as added. verify starts
+    from the largest tokenizer whose every id is the published one (found by the matrix, one verify in four)."""
+    from mergekit_ram._mergekit import tokenizer_order
+
+    class Tok:
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def get_vocab(self):
+            return dict(self.vocab)
+
+    base = {f"t{i}": i for i in range(4)}
+    narrow, wide = Tok(base), Tok({**base, "x": 4, "y": 5})
+    tokenizers = {"a": narrow, "wide": wide}
+    added_other_way = {**base, "y": 4, "x": 5}  # the merge started from a narrow one: x and y added as it listed them
+    assert tokenizer_order.published_base(wide, tokenizers, added_other_way) is narrow
+    assert tokenizer_order.published_base(narrow, tokenizers, added_other_way) is narrow
+    same_ids = {**base, "x": 4, "y": 5}  # either start gives these ids: the largest, as a merge that started from it
+    assert tokenizer_order.published_base(narrow, tokenizers, same_ids) is wide
+    assert tokenizer_order.published_base(wide, tokenizers, same_ids) is wide

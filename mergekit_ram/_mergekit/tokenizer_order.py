@@ -25,12 +25,30 @@ def union_in_order(original: Callable[..., Any]) -> Callable[..., Any]:
         if current is None:  # another method's merge: mergekit's own order
             return original(base_tok, tokenizers, *args, **kwargs)
         if current.vocabulary is not None:  # verify of another method's merge: the order its tokenizer holds
+            base_tok = published_base(base_tok, tokenizers, current.vocabulary)
             return original(base_tok, *as_published(base_tok, tokenizers, current.vocabulary), *args, **kwargs)
         first, *rest = tokenizers.items()
         ordered = dict([first, *sorted(rest, key=lambda item: str(item[0]))])
         return original(base_tok, {model: ById(tok) for model, tok in ordered.items()}, *args, **kwargs)
 
     return build_union_tokenizer
+
+
+def published_base(base_tok: Any, tokenizers: dict, vocabulary: Mapping[str, int]) -> Any:
+    """The tokenizer the union starts from: without a `base_model`, mergekit starts from the first of a set of
+    models (its process's hash order), and the tokens of that one keep their ids. The largest tokenizer whose every
+    token has its published id (by model name among equals) starts it again as the merge did, or to the same ids."""
+
+    def agrees(tok: Any) -> bool:
+        return all(vocabulary.get(token) == index for token, index in tok.get_vocab().items())
+
+    agreeing = sorted(
+        ((len(tok.get_vocab()), str(model), tok) for model, tok in tokenizers.items() if agrees(tok)),
+        key=lambda item: (-item[0], item[1]),
+    )
+    if not agreeing or (agrees(base_tok) and len(base_tok.get_vocab()) >= agreeing[0][0]):
+        return base_tok
+    return agreeing[0][2]
 
 
 def as_published(base_tok: Any, tokenizers: dict, vocabulary: Mapping[str, int]) -> tuple[dict]:
