@@ -276,8 +276,8 @@ class MergekitMerge:
         drawing = {}
         for name, task, _optional, _dtype in self.plan.saves():
             method = methods.method_of(task)
-            if method is None or resolves_to_ours(method):
-                continue
+            if method is None or resolves_to_ours(method) or not methods.draws_random(task, None):
+                continue  # None: drawing for some size; a method that draws for none needs no shape read
             shape = self._planned_shape(task, name)
             if methods.draws_random(task, None if shape is None else _numel(shape)):
                 drawing[name] = method
