@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -427,3 +428,53 @@ def test_verify_any_method_benchmark_on_tiny(tmp_path):
     assert result["ratios"]["slerp"]["wall"] == pytest.approx(verify["wall_s"] / merge["wall_s"])
     assert f"verify / merge, slerp: {verify['wall_s'] / merge['wall_s']:.2f}x wall" in done.stdout
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("verify-any-")] == []  # its scratch removed
+
+
+@pytest.mark.quick
+def test_gpu_machine_plan_is_what_the_benchmarks_accept(tmp_path):
+    """benchmarks/gpu_machine.py's device commands (run on a lent GPU machine, never here) name flags, methods and
+    workloads that run.py accepts: a renamed option fails here, not in the minutes a machine is held."""
+    gpu, run, workloads = _load("gpu_machine"), _load("run"), _load("workloads")
+    plan = {step.name: step for step in gpu.steps(False, tmp_path / "root", tmp_path / "work", 16)}
+    assert set(gpu.DEFAULT) < set(plan) and "suite" not in gpu.DEFAULT
+    assert {step.log for step in plan.values()} <= {"steps.txt", "facts.txt", "suite.txt"}  # $OUT returns 8 files
+    benches = [step for step in plan.values() if step.argv[1].endswith("run.py")]
+    assert {s.name for s in benches} == {"g1-cuda", "g1-threads", "r3-cuda", "r3-threads"}
+    root = os.access("/proc/sys/vm/drop_caches", os.W_OK)
+    for step in benches:
+        args = run.parse([a for a in step.argv[2:] if root or a != "--drop-cache"])
+        assert args.workload in workloads.WORKLOADS and args.cuda == step.name.endswith("cuda"), step
+        assert args.no_chart and args.timeout > 0 and args.methods, step
+    assert {a for s in benches for a in s.argv if a.startswith("--")} >= {"--cuda", "--drop-cache"}
+    assert plan["g1-build"].argv[-1] == "G1" and plan["r3-build"].argv[-1] == "R3" and "--jobs" in plan["r3-build"].argv
+    assert plan["suite"].argv[-2:] == ("-n", "16")
+    assert plan["verify-cuda"].argv[-1] == "--cuda" and "verify-cuda" not in gpu.DEFAULT
+
+
+@pytest.mark.quick
+def test_gpu_machine_kills_a_step_with_its_children_at_its_time(tmp_path):
+    """A step past its time is killed with its whole process group (run.py's merges are its grandchildren), and
+    what it printed is kept."""
+    gpu = _load("gpu_machine")
+    pid_file = tmp_path / "pid"
+    spawn = "import subprocess, sys, time; c = subprocess.Popen(['sleep', '60'])"
+    code = f"{spawn}; open(sys.argv[1], 'w').write(str(c.pid)); print('started', flush=True); time.sleep(60)"
+    step = gpu.Step("slow", (sys.executable, "-c", code, str(pid_file)), cap=60, least=1)
+    status, took = gpu._run_step(step, 6, tmp_path)  # 6 s: time for the child to start on a loaded machine
+    assert status is None and took < 30, (status, took)
+    assert "started" in (tmp_path / "steps.txt").read_text()
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
+        assert time.monotonic() < deadline, "the grandchild outlived its step"
+
+
+@pytest.mark.quick
+def test_gpu_machine_skips_the_steps_the_budget_cannot_hold(tmp_path):
+    """With too little budget left a step is not started, and the log says which and why; the run then fails."""
+    gpu = _load("gpu_machine")
+    out = tmp_path / "out"
+    assert gpu.run(["facts", "g1-build"], 4, out, True, tmp_path / "root", 1) == 1
+    log = (out / "log.txt").read_text()
+    assert "facts: skipped" in log and "g1-build: skipped" in log and "needs 30" in log, log
+    assert gpu.run(["nonsense"], 100, out, True, tmp_path / "root", 1) == 2
