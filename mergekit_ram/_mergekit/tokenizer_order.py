@@ -29,7 +29,7 @@ def union_in_order(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(base_tok, *as_published(base_tok, tokenizers, current.vocabulary), *args, **kwargs)
         first, *rest = tokenizers.items()
         ordered = dict([first, *sorted(rest, key=lambda item: str(item[0]))])
-        return original(base_tok, {model: ById(tok) for model, tok in ordered.items()}, *args, **kwargs)
+        return original(base_tok, {model: ByRank(tok, by_id) for model, tok in ordered.items()}, *args, **kwargs)
 
     return build_union_tokenizer
 
@@ -68,6 +68,11 @@ def as_published(base_tok: Any, tokenizers: dict, vocabulary: Mapping[str, int])
     return (dict(sorted(listed.items(), key=lambda item: (first_new(item[1]), str(item[0])))),)
 
 
+def by_id(item: tuple[str, int]) -> tuple[int, str]:
+    """A (token, id) pair's rank when a tokenizer is listed by id (ramplus's own union order)."""
+    return (item[1], item[0])
+
+
 class ByRank:
     """A tokenizer whose vocabulary and added tokens are listed by `rank` of (token, id)."""
 
@@ -81,23 +86,6 @@ class ByRank:
     def added_tokens_decoder(self) -> dict[int, Any]:
         found = self._tokenizer.added_tokens_decoder
         return dict(sorted(found.items(), key=lambda item: self._rank((getattr(item[1], "content", ""), item[0]))))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tokenizer, name)
-
-
-class ById:
-    """A tokenizer whose vocabulary and added tokens are listed by id (what `build_union_tokenizer` reads)."""
-
-    def __init__(self, tokenizer: Any):
-        self._tokenizer = tokenizer
-
-    def get_vocab(self) -> dict[str, int]:
-        return dict(sorted(self._tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0])))
-
-    @property
-    def added_tokens_decoder(self) -> dict[int, Any]:
-        return dict(sorted(self._tokenizer.added_tokens_decoder.items()))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tokenizer, name)
